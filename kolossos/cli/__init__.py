@@ -1,0 +1,1 @@
+"""The ``kolossos`` command line: ``run``, ``check`` (and later ``train``, ``benchmark``)."""

@@ -1,0 +1,52 @@
+"""pytest plugin (``-p kolossos.testing.pytest_plugin``) that makes forked multi-process tests safe
+and fast.
+
+* one intra-op thread in the parent before any computation: forking a process whose thread pool
+  ran leaves the children hanging;
+* pre-imports the heavy ``torch.distributed`` submodules once, so forked ranks inherit them
+  instead of paying 4–5 s each;
+* ``gpu``-marked tests are skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+
+_PREIMPORT = (
+    "torch.distributed",
+    "torch.distributed.device_mesh",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.checkpoint",
+    "torch.distributed.pipelining",
+    "torch.nn.parallel",
+    "kolossos.initialize",
+    "kolossos.cluster",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    for name in _PREIMPORT:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # optional submodule missing in this torch build
+            continue
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (gpu marker); none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

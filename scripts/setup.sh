@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up a development environment in ./.venv (idempotent; seconds when already done).
+# On a machine without torch this pins torch==2.13.0 first, so pip takes the CPU wheel that lies on
+# disk here instead of pulling a multi-GB CUDA build for the open `torch>=` range.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${KOLOSSOS_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup] creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip() { "$VENV/bin/python" -m pip "$@"; }
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+    echo "[setup] installing torch==2.13.0 (CPU wheel)"
+    pip install -q "torch==2.13.0" numpy
+fi
+if ! "$VENV/bin/python" -c "import kolossos, pytest, ruff, mypy, transformers, safetensors" \
+        >/dev/null 2>&1; then
+    echo "[setup] installing kolossos with the hf and dev extras"
+    pip install -q -e ".[hf,dev]"
+fi
+echo "[setup] ready: $("$VENV/bin/python" -c 'import torch, kolossos; print("kolossos", kolossos.__version__, "torch", torch.__version__)')"
