@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kolossos._version import __version__
 
 if TYPE_CHECKING:
+    from kolossos.booster import Booster
     from kolossos.initialize import (
         get_default_parser,
         launch,
@@ -30,9 +31,11 @@ _LAZY: dict[str, str] = {
     "launch_from_slurm": "kolossos.initialize",
     "launch_from_openmpi": "kolossos.initialize",
     "get_default_parser": "kolossos.initialize",
+    "Booster": "kolossos.booster",
 }
 
 __all__ = [
+    "Booster",
     "__version__",
     "get_default_parser",
     "launch",

@@ -1,0 +1,6 @@
+"""The contract plugins return: :class:`ModelWrapper` and :class:`OptimizerWrapper`."""
+
+from kolossos.interface.model import ModelWrapper, unwrap_model
+from kolossos.interface.optimizer import OptimizerWrapper
+
+__all__ = ["ModelWrapper", "OptimizerWrapper", "unwrap_model"]

@@ -1,0 +1,129 @@
+"""``OptimizerWrapper``: what a plugin returns for an optimizer.
+
+It forwards the ``torch.optim.Optimizer`` interface and adds ``backward`` (so a wrapper can scale the
+loss or hook gradients), clipping by norm and by value, and ``unwrap``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+class OptimizerWrapper:
+    """Wraps a ``torch.optim.Optimizer``; subclasses change how backward, step and clipping work.
+
+    Args:
+        optim: the optimizer to wrap.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = OptimizerWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> opt.backward(model(torch.ones(1, 2)).sum())
+        >>> opt.clip_grad_by_norm(1.0)  # doctest: +ELLIPSIS
+        tensor(...)
+        >>> opt.step(); opt.zero_grad()
+    """
+
+    def __init__(self, optim: Optimizer) -> None:
+        if not isinstance(optim, Optimizer):
+            raise TypeError(
+                f"expected a torch.optim.Optimizer, got {type(optim).__name__}; build the optimizer "
+                "over the model's parameters and pass it to booster.boost."
+            )
+        self.optim = optim
+
+    # --- the torch.optim.Optimizer interface ------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups."""
+        return self.optim.param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's default hyper-parameters."""
+        return self.optim.defaults
+
+    @property
+    def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state."""
+        return self.optim.state
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """Every parameter the optimizer updates."""
+        for group in self.optim.param_groups:
+            yield from group["params"]
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
+        self.optim.add_param_group(param_group)
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """Update the parameters."""
+        return self.optim.step(*args, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients."""
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict into the wrapped optimizer."""
+        self.optim.load_state_dict(state_dict)
+
+    # --- additions ---------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Back-propagate ``loss`` (subclasses scale it, or route gradients elsewhere)."""
+        loss.backward(*args, **kwargs)
+
+    def backward_by_grad(self, tensor: torch.Tensor, grad: torch.Tensor) -> None:
+        """Back-propagate from ``tensor`` with an explicit upstream gradient (pipeline stages)."""
+        torch.autograd.backward(tensor, grad)
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.parameters() if p.grad is not None]
+
+    def clip_grad_by_norm(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> torch.Tensor:
+        """Scale gradients so their global ``norm_type``-norm is at most ``max_norm``.
+
+        Under data parallelism the gradients are already averaged (identical on every rank), so
+        the local norm is the global one; sharding plugins override this.
+
+        Returns:
+            The total norm before clipping.
+        """
+        _check_clip(max_norm, "max_norm")
+        params = [p for p in self.parameters() if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(
+            params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+
+    def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
+        """Clamp every gradient element into ``[-clip_value, clip_value]``."""
+        _check_clip(clip_value, "clip_value")
+        params = [p for p in self.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grad_value_(params, clip_value)
+
+    def unwrap(self) -> Optimizer:
+        """The innermost ``torch.optim.Optimizer``."""
+        optim: Any = self.optim
+        while isinstance(optim, OptimizerWrapper):
+            optim = optim.optim
+        return optim  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.optim!r})"
+
+def _check_clip(value: float, name: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{name}={value!r} must be a positive number, e.g. 1.0.")
+    if math.isinf(value):
+        raise ValueError(f"{name}=inf clips nothing; omit the call instead.")
