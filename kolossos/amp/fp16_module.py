@@ -12,7 +12,7 @@ from kolossos.interface import ModelWrapper
 
 
 def cast_floating(value: Any, dtype: torch.dtype) -> Any:
-    """Cast every floating-point tensor inside ``value`` (nested tuples, lists, dicts) to ``dtype``."""
+    """Cast every floating-point tensor in ``value`` (nested tuples, lists, dicts) to ``dtype``."""
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() else value
     if isinstance(value, dict):

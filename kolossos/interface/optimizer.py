@@ -117,7 +117,7 @@ class OptimizerWrapper:
         optim: Any = self.optim
         while isinstance(optim, OptimizerWrapper):
             optim = optim.optim
-        return optim  # type: ignore[no-any-return]
+        return optim
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optim!r})"

@@ -200,7 +200,9 @@ def spawn(
             for rank in range(world_size):
                 recv, send = ctx.Pipe(duplex=False)
                 args = (fn, rank, world_size, store.port, kwargs, send, stack_dir, os.getpid(), limit)
-                proc = ctx.Process(target=_rank_main, args=args, name=f"kolossos-rank{rank}")
+                proc = ctx.Process(  # type: ignore[attr-defined]
+                    target=_rank_main, args=args, name=f"kolossos-rank{rank}"
+                )
                 proc.start()
                 send.close()
                 procs.append(proc)

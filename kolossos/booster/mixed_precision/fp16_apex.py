@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 from torch.optim import Optimizer
 
+from kolossos.amp.fp16_module import FP16Module
 from kolossos.booster.mixed_precision.fp16_naive import FP16NaiveMixedPrecision
 from kolossos.booster.mixed_precision.fp16_torch import FP16TorchMixedPrecision
 from kolossos.booster.mixed_precision.mixed_precision_base import (
@@ -116,6 +117,6 @@ class FP16ApexMixedPrecision(MixedPrecision):
         if self._inner is None:
             return model, None if optimizer is None else as_optimizer_wrapper(optimizer), criterion
         model, optim, crit = self._inner.configure(model, optimizer, criterion)
-        if self.cast_model_outputs is not None and hasattr(model, "output_dtype"):
+        if self.cast_model_outputs is not None and isinstance(model, FP16Module):
             model.output_dtype = self.cast_model_outputs
         return model, optim, crit
