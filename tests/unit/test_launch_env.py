@@ -130,10 +130,30 @@ def test_init_method_url() -> None:
 
 def test_default_parser_arguments() -> None:
     args = get_default_parser().parse_args(
-        ["--config", "c.py", "--host", "h", "--port", "1234", "--world_size", "4", "--rank", "2",
-         "--local_rank", "0", "--backend", "gloo"]
+        [
+            "--config",
+            "c.py",
+            "--host",
+            "h",
+            "--port",
+            "1234",
+            "--world_size",
+            "4",
+            "--rank",
+            "2",
+            "--local_rank",
+            "0",
+            "--backend",
+            "gloo",
+        ]
     )
-    assert (args.config, args.host, args.port, args.world_size, args.rank) == ("c.py", "h", 1234, 4, 2)
+    assert (args.config, args.host, args.port, args.world_size, args.rank) == (
+        "c.py",
+        "h",
+        1234,
+        4,
+        2,
+    )
     assert (args.local_rank, args.backend) == (0, "gloo")
     defaults = get_default_parser().parse_args([])
     assert defaults.backend is None and defaults.port == 29500
