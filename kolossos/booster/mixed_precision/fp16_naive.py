@@ -26,6 +26,10 @@ class FP16NaiveMixedPrecision(MixedPrecision):
         initial_scale, min_scale, max_scale, growth_factor, backoff_factor, growth_interval,
             hysteresis: the loss-scale rule of :class:`kolossos.amp.DynamicGradScaler`.
         verbose: log every change of the loss scale.
+        keep_batchnorm_fp32: keep BatchNorm layers in fp32.
+        master_weights: keep fp32 master copies (``False``: pure fp16, like apex O3).
+
+    The positional order follows Colossal-AI's (``verbose`` seventh); the rest are keyword-only.
 
     Example:
         >>> booster = Booster(mixed_precision=FP16NaiveMixedPrecision(initial_scale=2**16))
@@ -41,9 +45,10 @@ class FP16NaiveMixedPrecision(MixedPrecision):
         backoff_factor: float = 0.5,
         hysteresis: int = 2,
         max_scale: float = 2**32,
+        verbose: bool = False,
+        *,
         min_scale: float = 1,
         growth_interval: int = 1000,
-        verbose: bool = False,
         keep_batchnorm_fp32: bool = False,
         master_weights: bool = True,
     ) -> None:

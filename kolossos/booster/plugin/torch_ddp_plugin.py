@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,15 @@ class TorchDDPConfig:
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False.")
 
 
+def _ddp_kwargs(config: TorchDDPConfig) -> dict[str, Any]:
+    """DDP's keyword arguments for this torch: newer releases renamed ``broadcast_buffers`` to
+    ``forward_sync_buffers`` (buffers are then always synced once at construction)."""
+    kwargs = asdict(config)
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        kwargs["forward_sync_buffers"] = kwargs.pop("broadcast_buffers")
+    return kwargs
+
+
 class TorchDDPModel(ModelWrapper):
     """The model returned by :class:`TorchDDPPlugin`: ``module`` is the DDP wrapper."""
 
@@ -57,7 +67,7 @@ class TorchDDPModel(ModelWrapper):
         accelerator = get_accelerator()
         module = module.to(accelerator.get_current_device())
         device_ids = [accelerator.current_device()] if accelerator.name != "cpu" else None
-        super().__init__(DDP(module, device_ids=device_ids, process_group=group, **asdict(config)))
+        super().__init__(DDP(module, device_ids=device_ids, process_group=group, **_ddp_kwargs(config)))
 
 
 class TorchDDPPlugin(DPPluginBase):
