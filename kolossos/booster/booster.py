@@ -20,7 +20,7 @@ from kolossos.booster.plugin.plugin_base import Plugin
 from kolossos.interface import OptimizerWrapper
 
 if TYPE_CHECKING:
-    from kolossos.checkpoint_io import CheckpointIO
+    from kolossos.checkpoint_io import CheckpointIO, LoadReport
 
 Criterion = Callable[..., torch.Tensor]
 
@@ -176,11 +176,16 @@ class Booster:
 
     @staticmethod
     def _register_names(optimizer: OptimizerWrapper, model: nn.Module) -> None:
-        try:
-            from kolossos.checkpoint_io import register_param_names
-        except ImportError:  # checkpoint IO without name registration
-            return
-        register_param_names(optimizer, model)
+        """Tell checkpoint IO the name of every optimized tensor, so optimizer checkpoints are
+        keyed by name. Optimizers holding master copies map each copy to its model parameter."""
+        from kolossos.checkpoint_io import register_param_names
+
+        names = {p: n for n, p in model.named_parameters(remove_duplicate=False)}
+        working = getattr(optimizer, "working_params", None)
+        params = list(optimizer.parameters())
+        mirrors = working() if callable(working) else params
+        mapping = {p: names[w] for p, w in zip(params, mirrors, strict=True) if w in names}
+        register_param_names(optimizer, mapping)
 
     def backward(self, loss: torch.Tensor, optimizer: OptimizerWrapper) -> None:
         """Back-propagate ``loss`` through the optimizer (which may scale it)."""
@@ -261,13 +266,18 @@ class Booster:
             model, checkpoint, shard, gather_dtensor, prefix, size_per_shard, use_safetensors
         )
 
-    def load_model(self, model: nn.Module, checkpoint: str, strict: bool = True) -> None:
-        """Load model weights saved in any supported format (detected from the files)."""
-        self.checkpoint_io.load_model(model, checkpoint, strict)
+    def load_model(self, model: nn.Module, checkpoint: str, strict: bool = True) -> LoadReport:
+        """Load model weights saved in any supported format (detected from the files).
+
+        Returns:
+            What was missing, unexpected or wrongly shaped (empty unless ``strict=False``).
+        """
+        report = self.checkpoint_io.load_model(model, checkpoint, strict)
         for optimizer in self._optimizers_of.get(model, []):
             sync = getattr(optimizer, "sync_master_weights", None)
             if sync is not None:  # fp32 master copies must follow the loaded weights
                 sync()
+        return report
 
     def save_optimizer(
         self,
@@ -283,9 +293,9 @@ class Booster:
             optimizer, checkpoint, shard, gather_dtensor, prefix, size_per_shard
         )
 
-    def load_optimizer(self, optimizer: OptimizerWrapper, checkpoint: str) -> None:
-        """Load optimizer state saved by :meth:`save_optimizer`."""
-        self.checkpoint_io.load_optimizer(optimizer, checkpoint)
+    def load_optimizer(self, optimizer: OptimizerWrapper, checkpoint: str) -> LoadReport:
+        """Load optimizer state saved by :meth:`save_optimizer` (keyed by parameter name)."""
+        return self.checkpoint_io.load_optimizer(optimizer, checkpoint)
 
     def save_lr_scheduler(self, lr_scheduler: LRScheduler, checkpoint: str) -> None:
         """Save an LR scheduler's state to a file."""

@@ -20,6 +20,7 @@ import ctypes
 import faulthandler
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -94,14 +95,17 @@ def _rank_main(
         torch.set_num_threads(1)
         result = fn(rank, world_size, port, **kwargs)
         try:
-            conn.send(("ok", result))
+            # plain pickle sends tensors by value: torch's multiprocessing reducers would share
+            # them through file descriptors that die with this process
+            payload = pickle.dumps(("ok", result))
         except Exception:  # an unpicklable return value is not the test's failure
-            conn.send(("ok", None))
+            payload = pickle.dumps(("ok", None))
+        conn.send_bytes(payload)
     except BaseException as exc:  # report everything, SystemExit and KeyboardInterrupt included
         code = 1
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
-            conn.send(("error", text))
+            conn.send_bytes(pickle.dumps(("error", text)))
         except Exception:
             pass
     finally:
@@ -215,7 +219,7 @@ def spawn(
 
 def _receive(conn: Connection, rank: int, procs: list[Any]) -> tuple[str, Any]:
     try:
-        status, payload = conn.recv()
+        status, payload = pickle.loads(conn.recv_bytes())
     except EOFError:
         procs[rank].join(timeout=5)
         code = procs[rank].exitcode

@@ -158,3 +158,15 @@ def test_clip_arguments_are_checked() -> None:
         wrapper.clip_grad_by_value(-1)
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         OptimizerWrapper(model)  # type: ignore[arg-type]
+
+
+def test_master_weight_optimizer_is_keyed_by_parameter_name(tmp_path: object) -> None:
+    from kolossos.checkpoint_io import optimizer_param_names
+
+    model, opt = _objects()
+    booster = Booster(mixed_precision="fp16_naive")
+    m, o, *_ = booster.boost(model, opt)
+    names = optimizer_param_names(o)  # type: ignore[arg-type]
+    assert sorted(n for group in names for n in group) == sorted(
+        n for n, _ in model.named_parameters()
+    )
