@@ -35,7 +35,7 @@ _launch_config: dict[str, Any] | Path | None = None
 
 
 def get_launch_config() -> dict[str, Any] | Path | None:
-    """The ``config`` given to the last launch: a dict, a config-file path, or ``None`` before launch."""
+    """The ``config`` of the last launch: a dict, a config-file path, or ``None`` before launch."""
     return _launch_config
 
 
@@ -232,7 +232,7 @@ def launch_from_openmpi(
 
     Example:
         >>> # mpirun --hostfile hosts -np 8 python train.py --host <node> --port 29500
-        >>> kolossos.launch_from_openmpi(config={}, host=args.host, port=args.port)  # doctest: +SKIP
+        >>> kolossos.launch_from_openmpi({}, host=args.host, port=args.port)  # doctest: +SKIP
     """
     info = env_from_openmpi()
     _launch_from(info, config, host, port, backend, seed, verbose, timeout)

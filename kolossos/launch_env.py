@@ -1,7 +1,7 @@
 """Pure helpers behind :mod:`kolossos.initialize`: reading launcher environments, choosing the
 communication backend and the collective timeout.
 
-Nothing here touches ``torch.distributed``, so every rule can be unit-tested without a process group.
+Nothing here touches ``torch.distributed``: every rule is unit-testable without a process group.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-#: Default collective timeout. torch's own default is 30 minutes, long enough for a lost rank to look
-#: like a hang; 10 minutes still covers a slow first checkpoint gather over gloo.
+#: Default collective timeout. torch's own default is 30 minutes, long enough for a lost rank to
+#: look like a hang; 10 minutes still covers a slow first checkpoint gather over gloo.
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_ENV = "KOLOSSOS_DIST_TIMEOUT"
 KNOWN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
@@ -94,7 +94,7 @@ def env_from_slurm(env: Mapping[str, str] | None = None) -> RankInfo:
 
 
 def env_from_openmpi(env: Mapping[str, str] | None = None) -> RankInfo:
-    """Read ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE`` and ``OMPI_COMM_WORLD_LOCAL_RANK``."""
+    """Read ``OMPI_COMM_WORLD_RANK``, ``_SIZE`` and ``_LOCAL_RANK`` (set by Open MPI)."""
     env = os.environ if env is None else env
     launcher = "mpirun (Open MPI)"
     return RankInfo(
@@ -127,7 +127,7 @@ def validate_rank_info(info: RankInfo) -> None:
 
 
 def validate_config(config: ConfigLike) -> dict[str, Any] | Path:
-    """Accept the ``config`` argument of :func:`kolossos.launch`: a dict, or a path to a config file.
+    """Check the ``config`` argument of :func:`kolossos.launch`: a dict, or a config-file path.
 
     Returns:
         A copy of the dict (``None`` gives ``{}``), or the resolved path of the file.
@@ -157,8 +157,8 @@ def validate_config(config: ConfigLike) -> dict[str, Any] | Path:
 def resolve_backend(backend: str | None, cuda_available: bool) -> tuple[str, str | None]:
     """Choose the communication backend.
 
-    ``None`` picks ``nccl`` with CUDA and ``gloo`` without. An explicit ``nccl`` on a machine without
-    CUDA falls back to ``gloo`` so the documented (CUDA-only) examples run on CPU.
+    ``None`` picks ``nccl`` with CUDA and ``gloo`` without. An explicit ``nccl`` on a machine
+    without CUDA falls back to ``gloo`` so the documented (CUDA-only) examples run on CPU.
 
     Returns:
         ``(backend, warning)``: the warning text is ``None`` unless a fallback happened.

@@ -129,9 +129,7 @@ class Booster:
         criterion: Criterion | None = None,
         dataloader: DataLoader[Any] | None = None,
         lr_scheduler: LRScheduler | None = None,
-    ) -> tuple[
-        nn.Module, OptimizerWrapper | None, Criterion | None, DataLoader[Any] | None, Any
-    ]:
+    ) -> tuple[nn.Module, OptimizerWrapper | None, Criterion | None, DataLoader[Any] | None, Any]:
         """Wrap the training objects; returns ``(model, optimizer, criterion, dataloader,
         lr_scheduler)`` in that order (``None`` where ``None`` was given).
 
@@ -157,7 +155,9 @@ class Booster:
         wrapped_opt: OptimizerWrapper | None = None
         if optimizer is not None:
             wrapped_opt = (
-                optimizer if isinstance(optimizer, OptimizerWrapper) else OptimizerWrapper(optimizer)
+                optimizer
+                if isinstance(optimizer, OptimizerWrapper)
+                else OptimizerWrapper(optimizer)
             )
         if self.mixed_precision is not None:
             model, wrapped_opt, criterion = self.mixed_precision.configure(
@@ -184,7 +184,9 @@ class Booster:
         working = getattr(optimizer, "working_params", None)
         params = list(optimizer.parameters())
         mirrors = working() if callable(working) else params
-        mapping = {p: names[w] for p, w in zip(params, mirrors, strict=True) if w in names}
+        mapping: dict[torch.Tensor, str] = {
+            p: names[w] for p, w in zip(params, mirrors, strict=True) if w in names
+        }
         register_param_names(optimizer, mapping)
 
     def backward(self, loss: torch.Tensor, optimizer: OptimizerWrapper) -> None:
@@ -308,4 +310,3 @@ class Booster:
     def __repr__(self) -> str:
         mp = type(self.mixed_precision).__name__ if self.mixed_precision else "fp32"
         return f"Booster(device={self.device}, mixed_precision={mp}, plugin={self.plugin!r})"
-

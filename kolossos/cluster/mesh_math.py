@@ -69,7 +69,7 @@ def normalize_axes(axes: int | Sequence[int], ndim: int) -> tuple[int, ...]:
 
 
 def group_ranks(coord: Sequence[int], shape: Sequence[int], axes: Sequence[int]) -> list[int]:
-    """Ranks that share ``coord`` on every axis outside ``axes`` (the group of ``coord`` along them),
+    """Ranks sharing ``coord`` on every axis outside ``axes`` (the group of ``coord`` along them),
     in ascending order."""
     ranges = [range(size) if i in axes else (coord[i],) for i, size in enumerate(shape)]
     return sorted(ravel(c, shape) for c in itertools.product(*ranges))

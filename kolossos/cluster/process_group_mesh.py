@@ -1,4 +1,4 @@
-"""``ProcessGroupMesh``: the processes of a job arranged on named axes, with a process group per axis
+"""``ProcessGroupMesh``: the processes of a job on named axes, with a process group per axis
 (or per set of axes), built over :class:`torch.distributed.device_mesh.DeviceMesh`."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ AxesLike = AxisLike | Sequence[AxisLike]
 class ProcessGroupMesh:
     """A mesh of all processes with shape ``size`` (row-major: rank = ravel(coordinate)).
 
-    ``ProcessGroupMesh(2, 2, axis_names=("dp", "tp"))`` puts ranks ``[[0, 1], [2, 3]]`` on a 2×2 grid;
+    ``ProcessGroupMesh(2, 2, axis_names=("dp", "tp"))`` puts ranks ``[[0, 1], [2, 3]]`` on a grid;
     ``get_group_along_axis("tp")`` is ``{0, 1}`` on ranks 0 and 1 and ``{2, 3}`` on ranks 2 and 3.
     Groups along one axis come from the underlying ``DeviceMesh``; groups along several axes are
     created on first request (every rank must request them in the same order, as with any

@@ -1,4 +1,4 @@
-"""``ModelWrapper``: what a plugin returns for a model; ``unwrap()`` gives back the user's module."""
+"""``ModelWrapper``: what a plugin returns for a model; ``unwrap()`` gives the user's module."""
 
 from __future__ import annotations
 

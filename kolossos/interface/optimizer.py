@@ -1,7 +1,7 @@
 """``OptimizerWrapper``: what a plugin returns for an optimizer.
 
-It forwards the ``torch.optim.Optimizer`` interface and adds ``backward`` (so a wrapper can scale the
-loss or hook gradients), clipping by norm and by value, and ``unwrap``.
+It forwards the ``torch.optim.Optimizer`` interface and adds ``backward`` (so a wrapper can scale
+the loss or hook gradients), clipping by norm and by value, and ``unwrap``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch.optim import Optimizer
+
 
 class OptimizerWrapper:
     """Wraps a ``torch.optim.Optimizer``; subclasses change how backward, step and clipping work.
@@ -31,8 +32,8 @@ class OptimizerWrapper:
     def __init__(self, optim: Optimizer) -> None:
         if not isinstance(optim, Optimizer):
             raise TypeError(
-                f"expected a torch.optim.Optimizer, got {type(optim).__name__}; build the optimizer "
-                "over the model's parameters and pass it to booster.boost."
+                f"expected a torch.optim.Optimizer, got {type(optim).__name__}; build the "
+                "optimizer over the model's parameters and pass it to booster.boost."
             )
         self.optim = optim
 
@@ -121,6 +122,7 @@ class OptimizerWrapper:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optim!r})"
+
 
 def _check_clip(value: float, name: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:

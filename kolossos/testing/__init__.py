@@ -4,7 +4,7 @@ sweeps and reruns.
 Example:
     >>> from kolossos.testing import spawn
     >>> def run(rank, world_size, port):
-    ...     kolossos.launch(config={}, rank=rank, world_size=world_size, host="localhost", port=port)
+    ...     kolossos.launch({}, rank, world_size, host="localhost", port=port)
     >>> spawn(run, 2)  # doctest: +SKIP
 """
 

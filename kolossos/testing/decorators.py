@@ -1,4 +1,4 @@
-"""Decorators for test functions: parameter sweeps inside one process, and reruns on known flakes."""
+"""Test decorators: parameter sweeps inside one process, and reruns on known flakes."""
 
 from __future__ import annotations
 

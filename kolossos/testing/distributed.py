@@ -45,8 +45,8 @@ def distributed(
 ) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     """Run the decorated pytest test on ``world_size`` forked ranks.
 
-    Each rank calls ``kolossos.launch`` (gloo by default, seed identical on all ranks), then the test
-    body with the same arguments pytest resolved (fixtures and ``parametrize`` values work as
+    Each rank calls ``kolossos.launch`` (gloo by default, the same seed on all ranks), then the
+    test body with the same arguments pytest resolved (fixtures and ``parametrize`` values work as
     usual). When ``world_size`` is ``None`` the test must take a ``world_size`` argument, e.g. from
     ``@pytest.mark.parametrize("world_size", [2, 4])``. A failing rank fails the test with that
     rank's number and traceback; a hang fails it after ``timeout`` seconds with every rank's stack.

@@ -34,7 +34,10 @@ def make_classification_batches(
     """``steps`` global batches of ``(inputs, labels)``, identical on every rank."""
     gen = torch.Generator().manual_seed(seed)
     return [
-        (torch.randn(batch, d_in, generator=gen), torch.randint(0, classes, (batch,), generator=gen))
+        (
+            torch.randn(batch, d_in, generator=gen),
+            torch.randint(0, classes, (batch,), generator=gen),
+        )
         for _ in range(steps)
     ]
 
@@ -69,7 +72,10 @@ def assert_params_close(
     assert a.keys() == e.keys(), f"parameter names differ: {sorted(a.keys() ^ e.keys())}"
     for name, value in a.items():
         torch.testing.assert_close(
-            value.detach().float(), e[name].detach().float(), rtol=rtol, atol=atol,
+            value.detach().float(),
+            e[name].detach().float(),
+            rtol=rtol,
+            atol=atol,
             msg=lambda m, n=name: f"parameter {n}: {m}",  # type: ignore[misc]
         )
 

@@ -2,9 +2,9 @@
 
 Ranks are **forked** from the calling process when that is safe (no CUDA context in the parent), so
 they inherit everything the parent imported: a distributed test then costs well under a second
-instead of the 5–15 s of re-importing torch in ``spawn``-ed children. The parent hosts the rendezvous
-``TCPStore`` itself, on a port the kernel picked and that stays bound for the whole run, so two
-tests can never race for a port; ranks connect to it as clients
+instead of the 5–15 s of re-importing torch in ``spawn``-ed children. The parent hosts the
+rendezvous ``TCPStore`` itself, on a port the kernel picked and that stays bound for the whole
+run, so two tests can never race for a port; ranks connect to it as clients
 (``TORCHELASTIC_USE_AGENT_STORE=True``, the same arrangement torchrun uses), so
 ``kolossos.launch(..., host="localhost", port=port)`` and ``env://`` both work inside ``fn``.
 
@@ -16,6 +16,7 @@ left behind.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import multiprocessing as mp
@@ -104,10 +105,8 @@ def _rank_main(
     except BaseException as exc:  # report everything, SystemExit and KeyboardInterrupt included
         code = 1
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
+        with contextlib.suppress(Exception):  # the parent may be gone already
             conn.send_bytes(pickle.dumps(("error", text)))
-        except Exception:
-            pass
     finally:
         _destroy_process_group()
         sys.stdout.flush()
@@ -119,10 +118,8 @@ def _destroy_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        try:
+        with contextlib.suppress(Exception):  # best effort while exiting
             dist.destroy_process_group()
-        except Exception:  # best effort while exiting
-            pass
 
 
 def _start_method() -> str:
@@ -146,10 +143,8 @@ def _kill(procs: list[Any]) -> None:
 def _stacks(procs: list[Any], stack_dir: Path) -> str:
     alive = [(r, p) for r, p in enumerate(procs) if p.is_alive()]
     for _, proc in alive:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
     time.sleep(0.5)  # let faulthandler write the stacks
     parts = []
     for rank, _ in alive:
@@ -203,7 +198,17 @@ def spawn(
         try:
             for rank in range(world_size):
                 recv, send = ctx.Pipe(duplex=False)
-                args = (fn, rank, world_size, store.port, kwargs, send, stack_dir, os.getpid(), limit)
+                args = (
+                    fn,
+                    rank,
+                    world_size,
+                    store.port,
+                    kwargs,
+                    send,
+                    stack_dir,
+                    os.getpid(),
+                    limit,
+                )
                 proc = ctx.Process(  # type: ignore[attr-defined]
                     target=_rank_main, args=args, name=f"kolossos-rank{rank}"
                 )

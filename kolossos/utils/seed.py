@@ -8,7 +8,7 @@ import torch
 
 
 def set_seed(seed: int) -> None:
-    """Seed python's ``random``, numpy (when installed), torch's CPU generator and the accelerator's.
+    """Seed python's ``random``, numpy (if installed), torch's CPU generator and the accelerator's.
 
     Args:
         seed: a non-negative integer.

@@ -19,8 +19,13 @@ def _documented_launch(rank: int, world_size: int, port: int) -> float:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         kolossos.launch(
-            config={}, rank=rank, world_size=world_size, host="localhost", port=port,
-            backend="nccl", verbose=False,
+            config={},
+            rank=rank,
+            world_size=world_size,
+            host="localhost",
+            port=port,
+            backend="nccl",
+            verbose=False,
         )
     assert dist.get_backend() == "gloo"
     assert sum("nccl" in str(w.message) for w in caught) == 1

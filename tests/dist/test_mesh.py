@@ -1,4 +1,4 @@
-"""ProcessGroupMesh on real process groups: coordinates, per-axis groups, collectives inside them."""
+"""ProcessGroupMesh on real process groups: coordinates, per-axis groups, collectives in them."""
 
 from __future__ import annotations
 

@@ -74,8 +74,9 @@ def test_ddp_matches_single_process(world_size: int, precision: str) -> None:
     batches = make_classification_batches(STEPS, GLOBAL_BATCH)
     plugin = TorchDDPPlugin()
     mp = None if precision == "fp32" else precision
-    losses, trained = _train(Booster(mixed_precision=mp, plugin=plugin), model, batches, rank,
-                             world_size)
+    losses, trained = _train(
+        Booster(mixed_precision=mp, plugin=plugin), model, batches, rank, world_size
+    )
     ref_losses, ref_trained = _train(_reference(precision), reference, batches, 0, 1)
     loss_rtol, param_tol = TOL[precision]
     torch.testing.assert_close(losses, ref_losses, rtol=loss_rtol, atol=loss_rtol)
@@ -177,9 +178,7 @@ def test_fp16_overflow_skips_step_on_every_rank() -> None:
     model = TinyMLP()
     booster = Booster(mixed_precision="fp16", plugin=TorchDDPPlugin())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer, criterion, _, _ = booster.boost(
-        model, optimizer, torch.nn.CrossEntropyLoss()
-    )
+    model, optimizer, criterion, _, _ = booster.boost(model, optimizer, torch.nn.CrossEntropyLoss())
     assert optimizer is not None and criterion is not None
     x, y = make_classification_batches(1, 8)[0]
     before = [p.detach().clone() for p in unwrap_model(model).parameters()]

@@ -117,7 +117,7 @@ def test_config_forms(tmp_path: Path) -> None:
     cfg.write_text("BATCH_SIZE = 4\n")
     assert validate_config(str(cfg)) == cfg.resolve()
     assert validate_config(cfg) == cfg.resolve()
-    with pytest.raises(FileNotFoundError, match="nope.py"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.py"):
         validate_config(tmp_path / "nope.py")
     with pytest.raises(TypeError, match="list"):
         validate_config([1, 2])  # type: ignore[arg-type]

@@ -24,8 +24,8 @@ class FP16TorchMixedPrecision(MixedPrecision):
 
     An overflow on any rank skips the step on every rank and multiplies the scale by
     ``backoff_factor``; ``growth_interval`` good steps in a row multiply it by ``growth_factor``
-    (the same rule as ``torch.amp.GradScaler``, implemented by :class:`kolossos.amp.DynamicGradScaler`
-    with ``hysteresis=1``).
+    (``torch.amp.GradScaler``'s rule, implemented by :class:`kolossos.amp.DynamicGradScaler` with
+    ``hysteresis=1``).
 
     Args:
         init_scale: initial loss scale.

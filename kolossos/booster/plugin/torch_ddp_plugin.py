@@ -43,8 +43,13 @@ class TorchDDPConfig:
             raise ValueError(
                 f"bucket_cap_mb={self.bucket_cap_mb!r} must be a positive number of MiB (e.g. 25)."
             )
-        for name in ("broadcast_buffers", "find_unused_parameters", "check_reduction",
-                     "gradient_as_bucket_view", "static_graph"):
+        for name in (
+            "broadcast_buffers",
+            "find_unused_parameters",
+            "check_reduction",
+            "gradient_as_bucket_view",
+            "static_graph",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False.")
 
@@ -67,7 +72,9 @@ class TorchDDPModel(ModelWrapper):
         accelerator = get_accelerator()
         module = module.to(accelerator.get_current_device())
         device_ids = [accelerator.current_device()] if accelerator.name != "cpu" else None
-        super().__init__(DDP(module, device_ids=device_ids, process_group=group, **_ddp_kwargs(config)))
+        super().__init__(
+            DDP(module, device_ids=device_ids, process_group=group, **_ddp_kwargs(config))
+        )
 
 
 class TorchDDPPlugin(DPPluginBase):
@@ -155,5 +162,3 @@ class TorchDDPPlugin(DPPluginBase):
 
     def __repr__(self) -> str:
         return f"TorchDDPPlugin({self.config}, dp_size={self.dp_size})"
-
-
