@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -188,27 +189,21 @@ def spawn(
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r} must be an int >= 1.")
     limit = default_timeout() if timeout is None else float(timeout)
-    from torch.distributed import TCPStore
-
-    # The store is bound (port chosen by the kernel) before any rank starts: no port race.
-    store = TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    # The rendezvous port is bound (chosen by the kernel) before any rank starts, so there is no
+    # port race; the store's server thread starts only after the last fork, because forking a
+    # process that runs threads can leave the children deadlocked on locks held at fork time.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(256)
+    port = listener.getsockname()[1]
+    holder: list[Any] = []  # the store; cleared in `finally` even if a traceback keeps this frame
     ctx = mp.get_context(start_method or _start_method())
     with tempfile.TemporaryDirectory(prefix="kolossos-spawn-") as stack_dir:
         procs, conns = [], []
         try:
             for rank in range(world_size):
                 recv, send = ctx.Pipe(duplex=False)
-                args = (
-                    fn,
-                    rank,
-                    world_size,
-                    store.port,
-                    kwargs,
-                    send,
-                    stack_dir,
-                    os.getpid(),
-                    limit,
-                )
+                args = (fn, rank, world_size, port, kwargs, send, stack_dir, os.getpid(), limit)
                 proc = ctx.Process(  # type: ignore[attr-defined]
                     target=_rank_main, args=args, name=f"kolossos-rank{rank}"
                 )
@@ -216,10 +211,26 @@ def spawn(
                 send.close()
                 procs.append(proc)
                 conns.append(recv)
+            holder.append(_serve_store(listener, port, world_size))
             return _collect(procs, conns, limit, Path(stack_dir))
         finally:
             _kill(procs)
-            del store
+            holder.clear()
+            listener.close()
+
+
+def _serve_store(listener: socket.socket, port: int, world_size: int) -> Any:
+    """Start the rendezvous ``TCPStore`` server on the already listening socket."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        "127.0.0.1",
+        port,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        master_listen_fd=os.dup(listener.fileno()),
+    )
 
 
 def _receive(conn: Connection, rank: int, procs: list[Any]) -> tuple[str, Any]:
