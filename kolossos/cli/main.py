@@ -16,6 +16,10 @@ from kolossos import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("kolossos.cli.run", "launch a script on one or several nodes (torch elastic + ssh)"),
     "check": ("kolossos.cli.check", "report the installation: versions, backends, extras"),
+    "train": (
+        "kolossos.cli.train",
+        "train a GPT from a config file (the built-in Shakespeare example without one)",
+    ),
 }
 
 USAGE = """usage: kolossos [-h] [--version] <command> [<args>]

@@ -1,0 +1,269 @@
+"""The typed configuration of ``kolossos train``: one frozen dataclass per section.
+
+A config file sets any subset of these keys; everything else keeps the defaults below, which
+train a small character-level GPT on the bundled Shakespeare corpus. Range checks live in each
+section's ``__post_init__`` and raise :class:`~kolossos.trainer.errors.ConfigError` naming the key,
+the value and what is allowed; cross-section rules (the parallel layout) are in
+:func:`kolossos.trainer.schema.check_layout`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kolossos.trainer.errors import ConfigError
+
+__all__ = [
+    "PRECISIONS",
+    "TOKENIZERS",
+    "CheckpointSection",
+    "DataSection",
+    "ModelSection",
+    "SampleSection",
+    "TrainConfig",
+    "TrainSection",
+]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+TOKENIZERS = ("char", "bpe")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _int(obj: object, name: str, low: int, allowed: str = "") -> None:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(name, value, allowed or f"integers >= {low}")
+
+
+def _float(
+    obj: object,
+    name: str,
+    low: float,
+    high: float = math.inf,
+    *,
+    open_low: bool = False,
+    allowed: str = "",
+) -> None:
+    value = getattr(obj, name)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    ok = ok and (value > low if open_low else value >= low) and value <= high
+    if not ok:
+        bounds = f"{'>' if open_low else '>='} {low:g}" + (
+            f" and <= {high:g}" if high != math.inf else ""
+        )
+        raise ConfigError(name, value, allowed or f"numbers {bounds}")
+    object.__setattr__(obj, name, float(value))  # TOML/JSON ints become floats
+
+
+def _choice(obj: object, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(obj, name)
+    if value not in choices:
+        raise ConfigError(name, value, ", ".join(repr(c) for c in choices))
+
+
+def _text(obj: object, name: str, allowed: str = "a non-empty string") -> None:
+    value = getattr(obj, name)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(name, value, allowed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """``model``: the GPT-2 shape (a ``transformers.GPT2Config``); the vocabulary size comes from
+    the tokenizer."""
+
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; must divide ``n_embd``."""
+    n_embd: int = 128
+    """Hidden size."""
+    block_size: int = 64
+    """Context length in tokens (``n_positions``); every training sample is this long."""
+    dropout: float = 0.0
+    """Dropout on embeddings, attention and residuals (0 disables it)."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd"):
+            _int(self, name, 1)
+        _int(self, "block_size", 2)
+        _float(self, "dropout", 0.0, 1.0, allowed="numbers in [0, 1)")
+        if self.dropout >= 1.0:
+            raise ConfigError("dropout", self.dropout, "numbers in [0, 1)")
+        if self.n_embd % self.n_head:
+            fits = [h for h in range(1, min(self.n_embd, 64) + 1) if self.n_embd % h == 0]
+            raise ConfigError(
+                "n_head",
+                self.n_head,
+                f"divisors of model.n_embd={self.n_embd} (e.g. {', '.join(map(str, fits[-4:]))})",
+                hint="Every head gets n_embd / n_head dimensions.",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSection:
+    """``data``: the corpus, its tokenizer and the validation split."""
+
+    path: str | None = None
+    """A UTF-8 text file to train on; ``None`` uses the bundled Shakespeare corpus."""
+    tokenizer: str = "char"
+    """``'char'`` (one token per character of the corpus) or ``'bpe'`` (byte-level BPE trained
+    on the corpus with the ``tokenizers`` package, cached in the run folder)."""
+    vocab_size: int = 512
+    """Vocabulary size of the BPE tokenizer (ignored by ``'char'``)."""
+    val_fraction: float = 0.1
+    """Share of the corpus (its end) held out for validation."""
+
+    def __post_init__(self) -> None:
+        if self.path is not None:
+            _text(self, "path", "a file path, or None for the bundled corpus")
+        _choice(self, "tokenizer", TOKENIZERS)
+        _int(self, "vocab_size", 257, "integers >= 257 (the 256 bytes plus merges)")
+        _float(self, "val_fraction", 0.0, 0.5, open_low=True, allowed="numbers in (0, 0.5]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """``train``: optimisation, evaluation and logging."""
+
+    steps: int = 250
+    """Optimizer steps to train for."""
+    batch_size: int = 64
+    """Global batch: sequences per optimizer step over all data-parallel ranks. It must divide
+    evenly into data-parallel size x ``gradient_accumulation`` micro-batches."""
+    gradient_accumulation: int = 1
+    """Micro-batches accumulated per optimizer step on each rank."""
+    lr: float = 5e-3
+    """Peak learning rate of AdamW."""
+    min_lr: float | None = None
+    """Learning rate at the end of the cosine decay; ``None`` means ``lr / 10``."""
+    warmup_steps: int = 20
+    """Steps of linear warm-up from 0 to ``lr``."""
+    weight_decay: float = 0.1
+    """AdamW weight decay (applied to matrices only, not to biases and norms)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.99
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    eval_interval: int = 50
+    """Evaluate the validation loss every this many steps (and at the start and the end)."""
+    eval_batches: int = 4
+    """Batches of ``batch_size`` sequences in one validation pass."""
+    log_interval: int = 10
+    """Steps between progress lines (when the output is not a terminal) and between memory
+    readings of every rank."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "gradient_accumulation", "eval_interval"):
+            _int(self, name, 1)
+        _int(self, "eval_batches", 1)
+        _int(self, "log_interval", 1)
+        _int(self, "warmup_steps", 0)
+        _float(self, "lr", 0.0, open_low=True)
+        if self.min_lr is not None:
+            _float(self, "min_lr", 0.0, self.lr, allowed=f"numbers in [0, train.lr={self.lr:g}]")
+        _float(self, "weight_decay", 0.0)
+        _float(self, "beta1", 0.0, 1.0, allowed="numbers in [0, 1)")
+        _float(self, "beta2", 0.0, 1.0, allowed="numbers in [0, 1)")
+        for beta in ("beta1", "beta2"):
+            if getattr(self, beta) >= 1.0:
+                raise ConfigError(beta, getattr(self, beta), "numbers in [0, 1)")
+        _float(self, "grad_clip", 0.0)
+
+    @property
+    def final_lr(self) -> float:
+        """The learning rate the cosine schedule ends at."""
+        return self.lr / 10 if self.min_lr is None else self.min_lr
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSection:
+    """``checkpoint``: periodic checkpoints in ``<output_dir>/<name>/checkpoints/``."""
+
+    every: int = 50
+    """Save every this many steps (the last step is always saved)."""
+    keep_last: int = 2
+    """Complete checkpoints to keep; older ones are deleted after a newer one is complete."""
+
+    def __post_init__(self) -> None:
+        _int(self, "every", 1)
+        _int(self, "keep_last", 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleSection:
+    """``sample``: the text generated from the final model."""
+
+    tokens: int = 300
+    """Tokens to generate (0 skips the sample)."""
+    prompt: str = "OTHELLO.\n"
+    """Text the sample continues."""
+    temperature: float = 0.8
+    """Sampling temperature (lower is more conservative)."""
+    top_k: int = 20
+    """Sample among the ``top_k`` most likely tokens (0: all)."""
+
+    def __post_init__(self) -> None:
+        _int(self, "tokens", 0)
+        _text(self, "prompt")
+        _float(self, "temperature", 0.0, open_low=True)
+        _int(self, "top_k", 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The whole ``kolossos train`` configuration (the top level of a config file)."""
+
+    name: str = "shakespeare-char"
+    """Run name: outputs go to ``<output_dir>/<name>/``."""
+    output_dir: str = "runs"
+    """Folder holding the run folders."""
+    seed: int = 1024
+    """Seeds the model initialisation, the batch order and the sampling."""
+    nproc_per_node: int = 2
+    """Processes to start (``--nproc_per_node`` overrides it)."""
+    plugin: str = "torch_ddp"
+    """A Booster plugin name from ``kolossos.booster.plugin.PLUGINS``."""
+    plugin_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the plugin's constructor (checked by the plugin)."""
+    mixed_precision: str = "fp32"
+    """``'fp32'``, ``'bf16'`` or ``'fp16'``: the Booster's recipe, or the plugin's ``precision``
+    for plugins that control precision themselves."""
+    model: ModelSection = field(default_factory=ModelSection)
+    """See :class:`ModelSection`."""
+    data: DataSection = field(default_factory=DataSection)
+    """See :class:`DataSection`."""
+    train: TrainSection = field(default_factory=TrainSection)
+    """See :class:`TrainSection`."""
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    """See :class:`CheckpointSection`."""
+    sample: SampleSection = field(default_factory=SampleSection)
+    """See :class:`SampleSection`."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
+            raise ConfigError(
+                "name", self.name, "letters, digits, '.', '_' and '-' (a folder name)"
+            )
+        _text(self, "output_dir", "a folder path")
+        _int(self, "seed", 0)
+        _int(self, "nproc_per_node", 1, "integers >= 1 (processes to start on this machine)")
+        _text(self, "plugin", "a plugin name such as 'torch_ddp'")
+        if not isinstance(self.plugin_kwargs, dict) or not all(
+            isinstance(k, str) for k in self.plugin_kwargs
+        ):
+            raise ConfigError("plugin_kwargs", self.plugin_kwargs, "a table of keyword arguments")
+        if "precision" in self.plugin_kwargs:
+            raise ConfigError(
+                "plugin_kwargs.precision",
+                self.plugin_kwargs["precision"],
+                problem="plugin_kwargs.precision is not used: the precision is set in one place.",
+                hint="Set mixed_precision instead; kolossos passes it to plugins that control "
+                "precision themselves.",
+            )
+        _choice(self, "mixed_precision", PRECISIONS)

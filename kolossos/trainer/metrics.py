@@ -1,0 +1,73 @@
+"""The run's metrics: one JSON object per line in ``metrics.jsonl`` (written by rank 0).
+
+Record kinds::
+
+    {"kind": "train", "step": 10, "loss": 3.1, "lr": 0.0005, "tokens_per_s": 8123.0,
+     "mem_bytes": [412000000, 409000000], "elapsed_s": 12.4}
+    {"kind": "val", "step": 100, "val_loss": 2.41}
+
+``loss`` of a train record is the mean training loss of that step over all ranks. On resume, the
+records after the checkpoint's step are dropped (they belong to the interrupted attempt), so the
+file of a resumed run equals the file of an uninterrupted one apart from timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsLog", "read_metrics"]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every record of a metrics file (a torn last line, from a killed run, is skipped)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+class MetricsLog:
+    """Appends records to ``metrics.jsonl`` and keeps them for the plot and the summary.
+
+    Args:
+        path: the JSONL file.
+        resume_step: keep the existing records up to this step (``None``: start a new file).
+    """
+
+    def __init__(self, path: Path, resume_step: int | None = None) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        if resume_step is not None:
+            self.records = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r, sort_keys=True) + "\n" for r in self.records)
+        os.replace(tmp, path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record (flushed at once, so a crash loses at most the line being
+        written)."""
+        self.records.append(record)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def series(self, kind: str, key: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of ``key`` over the records of ``kind``."""
+        return [(int(r["step"]), float(r[key])) for r in self.records if r.get("kind") == kind]
+
+    def plot(self, path: Path, title: str = "") -> str:
+        """Write the loss curves to ``path``; return the renderer used."""
+        from kolossos.trainer.plot import write_loss_plot
+
+        return write_loss_plot(
+            self.series("train", "loss"), self.series("val", "val_loss"), path, title
+        )

@@ -1,0 +1,176 @@
+"""The plugin side of a training config: the name, its keyword arguments and the parallel layout.
+
+Plugins come from the registry :data:`kolossos.booster.plugin.PLUGINS`, so a plugin registered
+there is usable by ``kolossos train`` with no change here. Before any process starts, keyword
+names are checked against the plugin constructor's signature and the layout is checked for
+divisibility; the values themselves are checked by the plugin when the worker builds it, and its
+``TypeError``/``ValueError`` becomes a :class:`ConfigError` naming ``plugin_kwargs``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kolossos.trainer.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from kolossos.booster.plugin import Plugin
+    from kolossos.trainer.config import TrainConfig
+
+__all__ = ["MODEL_PARALLEL_KEYS", "Layout", "build_plugin", "check_layout", "plugin_class"]
+
+#: plugin keyword arguments whose product is the model-parallel size (data parallel gets the rest)
+MODEL_PARALLEL_KEYS = ("tp_size", "pp_size", "sp_size")
+#: sequence-parallel modes with a group of their own (the others reuse the tensor-parallel group)
+_OWN_SP_GROUP = ("all_to_all", "ring_attn")
+
+
+def plugin_class(name: str) -> type[Plugin]:
+    """The registered plugin class called ``name``.
+
+    Raises:
+        ConfigError: an unknown name, listing the available ones and the closest match.
+    """
+    from kolossos.booster.plugin import PLUGINS
+
+    if name in PLUGINS:
+        return PLUGINS[name]
+    guess = did_you_mean(name, PLUGINS)
+    hint = f"Did you mean {guess!r}?" if guess else ""
+    raise ConfigError(
+        "plugin",
+        name,
+        ", ".join(repr(n) for n in sorted(PLUGINS)) + " (the plugins of this kolossos version)",
+        hint=hint,
+    )
+
+
+def _parameters(cls: type[Any]) -> tuple[list[inspect.Parameter], bool]:
+    params = [
+        p
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name != "self" and p.kind not in (p.VAR_POSITIONAL,)
+    ]
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
+    return [p for p in params if p.kind != p.VAR_KEYWORD], var_kw
+
+
+def check_plugin_kwargs(cls: type[Any], kwargs: dict[str, Any]) -> None:
+    """Check ``kwargs`` names against ``cls``'s constructor (no values are checked here).
+
+    Raises:
+        ConfigError: an unknown keyword (with a suggestion) or a missing required one.
+    """
+    params, var_kw = _parameters(cls)
+    names = [p.name for p in params]
+    if not var_kw:
+        for key in kwargs:
+            if key not in names:
+                raise ConfigError.unknown_key(
+                    f"plugin_kwargs.{key}", names, section="plugin_kwargs"
+                ).with_source(f"{cls.__name__}'s keyword arguments")
+    for p in params:
+        if p.default is p.empty and p.name not in kwargs and p.name != "precision":
+            raise ConfigError(
+                f"plugin_kwargs.{p.name}",
+                problem=f"plugin_kwargs.{p.name} is required by {cls.__name__} and missing.",
+                hint=f"Set it, e.g. plugin_kwargs.{p.name}=... on the command line.",
+            )
+
+
+def takes_precision(cls: type[Any]) -> bool:
+    """Whether the plugin's constructor has a ``precision`` argument (it controls precision)."""
+    params, _ = _parameters(cls)
+    return any(p.name == "precision" for p in params)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How the processes and the global batch are divided."""
+
+    world_size: int
+    """All processes."""
+    dp_size: int
+    """Data-parallel replicas (``world_size`` / model-parallel size)."""
+    micro_batch: int
+    """Sequences per rank per micro-batch."""
+
+
+def check_layout(config: TrainConfig, world_size: int, dp_size: int | None = None) -> Layout:
+    """Check that the processes and the batch divide as the config asks.
+
+    Args:
+        config: the validated config.
+        world_size: processes in the job.
+        dp_size: the data-parallel size a built plugin reports; by default derived from
+            ``world_size`` and the model-parallel sizes in ``plugin_kwargs``.
+
+    Raises:
+        ConfigError: a model-parallel size that does not divide the processes, or a batch that
+            does not divide among the data-parallel ranks and accumulation steps.
+    """
+    kwargs = config.plugin_kwargs
+    keys = [k for k in MODEL_PARALLEL_KEYS if k != "sp_size"]
+    if kwargs.get("sequence_parallelism_mode") in _OWN_SP_GROUP:
+        keys.append("sp_size")
+    sizes = {k: kwargs.get(k) or 1 for k in keys}
+    for key, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"plugin_kwargs.{key}", value, "integers >= 1")
+    model_parallel = math.prod(sizes.values())
+    if dp_size is None:
+        if world_size % model_parallel:
+            shown = " x ".join(f"{k}={v}" for k, v in sizes.items() if v > 1)
+            divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+            raise ConfigError(
+                "plugin_kwargs",
+                problem=f"the model-parallel layout {shown} = {model_parallel} processes does not "
+                f"divide the {world_size} processes of this job (nproc_per_node={world_size}).",
+                hint=f"The product must be one of {divisors}; change the sizes or start a "
+                f"multiple of {model_parallel} processes with --nproc_per_node.",
+            )
+        dp_size = world_size // model_parallel
+    train = config.train
+    per_step = dp_size * train.gradient_accumulation
+    if train.batch_size % per_step:
+        lower = max(per_step, train.batch_size - train.batch_size % per_step)
+        raise ConfigError(
+            "train.batch_size",
+            train.batch_size,
+            f"multiples of {per_step} (e.g. {lower} or {lower + per_step})",
+            hint=f"The global batch is split evenly over {dp_size} data-parallel rank(s) x "
+            f"{train.gradient_accumulation} accumulation step(s) (train.gradient_accumulation); "
+            "change train.batch_size, train.gradient_accumulation or --nproc_per_node.",
+        )
+    return Layout(world_size=world_size, dp_size=dp_size, micro_batch=train.batch_size // per_step)
+
+
+def build_plugin(config: TrainConfig) -> Plugin:
+    """Construct the configured plugin (needs the process group), passing ``mixed_precision`` as
+    ``precision`` to plugins that control precision.
+
+    Raises:
+        ConfigError: the plugin rejected its arguments (``TypeError``/``ValueError``).
+    """
+    cls = plugin_class(config.plugin)
+    kwargs = dict(config.plugin_kwargs)
+    if takes_precision(cls):
+        kwargs["precision"] = config.mixed_precision
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        text = str(exc)
+        named = [k for k in kwargs if k in text]
+        key = f"plugin_kwargs.{named[0]}" if named else "plugin_kwargs"
+        value = kwargs[named[0]] if named else kwargs
+        if named and named[0] not in config.plugin_kwargs:  # the precision we passed
+            key, value = "mixed_precision", config.mixed_precision
+        raise ConfigError(
+            key,
+            value,
+            problem=f"{key} = {value!r} was rejected by {cls.__name__}: {text}",
+            hint="Fix the value in the config file or override it on the command line.",
+        ) from exc
