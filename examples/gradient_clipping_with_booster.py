@@ -43,15 +43,8 @@ from kolossos.datasets import CIFAR10, CIFAR10_MEAN, CIFAR10_STD, ImageTransform
 from kolossos.logging import get_dist_logger
 from kolossos.mixed_precision import FP16TorchMixedPrecision
 from kolossos.models import resnet34
+from kolossos.nn.lr_scheduler import CosineAnnealingLR
 from kolossos.utils import get_current_device
-
-try:
-    from kolossos.nn.lr_scheduler import CosineAnnealingLR
-except ImportError:  # kolossos.nn does not exist yet: the same schedule from torch
-
-    def CosineAnnealingLR(optimizer: Any, total_steps: int, eta_min: float = 0.0) -> Any:
-        """Cosine decay from the base LR to ``eta_min`` over ``total_steps`` scheduler steps."""
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total_steps, eta_min)
 
 
 def parse_args() -> argparse.Namespace:

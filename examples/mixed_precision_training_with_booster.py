@@ -35,7 +35,6 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,22 +47,8 @@ from kolossos.datasets import CIFAR10, ImageTransform
 from kolossos.logging import get_dist_logger
 from kolossos.mixed_precision import FP16TorchMixedPrecision
 from kolossos.models import vit_base, vit_small, vit_tiny
+from kolossos.nn.lr_scheduler import LinearWarmupLR
 from kolossos.utils import get_current_device
-
-try:
-    from kolossos.nn.lr_scheduler import LinearWarmupLR
-except ImportError:  # kolossos.nn does not exist yet: the same shape of schedule from torch
-
-    def LinearWarmupLR(optimizer: Any, total_steps: int, warmup_steps: int = 0) -> Any:
-        """Linear warm-up over ``warmup_steps`` scheduler steps, then linear decay to 0."""
-
-        def factor(step: int) -> float:
-            if step < warmup_steps:
-                return (step + 1) / (warmup_steps + 1)
-            return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
 
 MODELS = {"vit_tiny": vit_tiny, "vit_small": vit_small, "vit_base": vit_base}
 

@@ -26,27 +26,9 @@ from kolossos.datasets import CIFAR10, CIFAR10_MEAN, CIFAR10_STD, ImageTransform
 from kolossos.logging import get_dist_logger
 from kolossos.mixed_precision import FP16TorchMixedPrecision
 from kolossos.models import BasicBlock, ResNet, VisionTransformer, resnet18
+from kolossos.nn.lr_scheduler import CosineAnnealingLR, LinearWarmupLR
 from kolossos.testing import spawn
 from kolossos.utils import get_current_device
-
-try:  # the docs' schedulers; kolossos.nn may not exist yet: then torch's equivalents
-    from kolossos.nn.lr_scheduler import CosineAnnealingLR, LinearWarmupLR
-except ImportError:
-
-    def CosineAnnealingLR(optimizer: Any, total_steps: int) -> Any:
-        """Cosine decay over ``total_steps`` scheduler steps."""
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total_steps)
-
-    def LinearWarmupLR(optimizer: Any, total_steps: int, warmup_steps: int = 0) -> Any:
-        """Linear warm-up over ``warmup_steps``, then linear decay to 0 at ``total_steps``."""
-
-        def factor(step: int) -> float:
-            if step < warmup_steps:
-                return (step + 1) / (warmup_steps + 1)
-            return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
 
 WORLD_SIZE = 2
 MiB = 1024**2
