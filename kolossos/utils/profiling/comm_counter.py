@@ -126,13 +126,13 @@ class CommCounter:
         self._stats: dict[tuple[str, str], CollectiveStats] = {}
         self._lock = threading.Lock()
         self._mode: _CountingMode | None = None
-        self._labels: dict[int, tuple[str, int, str]] = {}
+        self._labels: dict[str, tuple[str, int, str]] = {}  # by group name
 
     # ------------------------------------------------------------------ recording
     def _add(self, record: Record) -> None:
-        key = id(record.group)
+        key = "" if record.group is None else str(record.group.group_name)
         described = self._labels.get(key)
-        if described is None or record.group is None:
+        if described is None:
             described = self._labels[key] = _describe(record.group)
         label, size, backend = described
         algorithm = self.algorithm
