@@ -18,6 +18,7 @@ __all__ = ["SUITES", "Suite", "get_suite"]
 SUITES = {
     "ddp": "benchmarks.suites.ddp",
     "deepspeed": "benchmarks.suites.deepspeed",
+    "fsdp": "benchmarks.suites.fsdp",
     "pipeline": "benchmarks.suites.pipeline",
 }
 

@@ -37,7 +37,7 @@ from kolossos.checkpoint_io.model_files import (
     model_file_names,
     owned_model_files,
 )
-from kolossos.checkpoint_io.state_check import compare_model_state, finish_report, unique_tensors
+from kolossos.checkpoint_io.state_check import compare_model_state, finish_report
 from kolossos.interface import unwrap_model
 
 if TYPE_CHECKING:
@@ -68,9 +68,15 @@ def _write_model(
     max_bytes: int,
     fmt: str,
     config: str | None,
+    tied: set[str],
 ) -> None:
-    """The writer rank's part of ``save_model``: files from the (deduplicated) state items."""
-    unique = unique_tensors(items)
+    """The writer rank's part of ``save_model``: files from the state items, each tied tensor once.
+
+    ``tied`` names the entries saved under another name. They are found on the live model, not
+    by the storage of the items: gathered items are temporaries whose freed memory a later item
+    may reuse, which would make two unrelated tensors look tied.
+    """
+    unique = ((name, tensor) for name, tensor in items if name not in tied)
     if not directory:
         write_tensor_file(dict(unique), path, fmt)
         return
@@ -138,6 +144,8 @@ def save_model(
     config = hf_config_json(model)
     fmt = SAFETENSORS if use_safetensors else TORCH
 
+    tied = set(io.model_layout(model).aliases)
+
     def write() -> None:
         items = io.model_state_items(model, gather_dtensor)
         try:
@@ -151,6 +159,7 @@ def save_model(
                     max_bytes=max_bytes,
                     fmt=fmt,
                     config=config,
+                    tied=tied,
                 )
         finally:
             drain(items)

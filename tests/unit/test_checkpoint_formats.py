@@ -497,3 +497,23 @@ def test_legacy_save_and_load_checkpoint(tmp_path) -> None:
         save_checkpoint(tmp_path / "x.pt", 1, model, format=3)
     with pytest.raises(CheckpointMismatchError):
         load_checkpoint(tmp_path / "m.pt", Net(width=8))
+
+
+def test_gathered_temporaries_are_never_mistaken_for_ties(tmp_path: Path) -> None:
+    """A plugin's state items are often temporaries (gathered shards): once one is written and
+    freed, the next one of the same size may reuse its memory. Ties must come from the live model,
+    not from storage addresses, or such tensors would silently be left out."""
+    from kolossos.checkpoint_io import GeneralCheckpointIO
+
+    class Gathering(GeneralCheckpointIO):
+        def model_state_items(self, model, gather_dtensor):  # type: ignore[no-untyped-def]
+            for name, tensor in super().model_state_items(model, gather_dtensor):
+                yield name, tensor.clone()  # a fresh temporary, freed after it is written
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+    io = Gathering()
+    io.save_model(model, tmp_path / "ckpt", shard=True, size_per_shard=0.02)
+    fresh = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+    io.load_model(fresh, tmp_path / "ckpt")  # strict: fails if any tensor was dropped
+    for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -7,11 +7,15 @@ a new plugin registers itself here and is then usable everywhere by name.
 from __future__ import annotations
 
 from kolossos.booster.plugin.dp_plugin_base import DPPluginBase
+from kolossos.booster.plugin.low_level_zero_plugin import LowLevelZeroPlugin
 from kolossos.booster.plugin.plugin_base import Plugin
 from kolossos.booster.plugin.torch_ddp_plugin import TorchDDPPlugin
+from kolossos.booster.plugin.torch_fsdp_plugin import TorchFSDPPlugin
 
 PLUGINS: dict[str, type[Plugin]] = {
     "torch_ddp": TorchDDPPlugin,
+    "torch_fsdp": TorchFSDPPlugin,
+    "low_level_zero": LowLevelZeroPlugin,
 }
 
 
@@ -26,4 +30,12 @@ def get_plugin_class(name: str) -> type[Plugin]:
     return PLUGINS[name]
 
 
-__all__ = ["PLUGINS", "DPPluginBase", "Plugin", "TorchDDPPlugin", "get_plugin_class"]
+__all__ = [
+    "PLUGINS",
+    "DPPluginBase",
+    "LowLevelZeroPlugin",
+    "Plugin",
+    "TorchDDPPlugin",
+    "TorchFSDPPlugin",
+    "get_plugin_class",
+]

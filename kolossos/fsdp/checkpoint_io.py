@@ -1,0 +1,221 @@
+"""``FSDPCheckpointIO``: checkpoints of FSDP2 models in two formats, loadable anywhere.
+
+* **Gathered** (the default, and always for ``shard=False``): Hugging Face model files and the
+  name-keyed optimizer format, exactly what every other plugin writes and reads. Each
+  ``DTensor`` shard is gathered one tensor at a time; the first data-parallel rank writes.
+* **DCP** (``shard=True`` with ``checkpoint_format='dcp'``, or ``gather_dtensor=False``): a
+  ``torch.distributed.checkpoint`` directory, every rank writing only its own shards — for
+  models whose full tensors should never meet in one process.
+
+Loading detects the format: a directory with DCP's ``.metadata`` is read with DCP (resharding to
+this run's layout, or into a plain model), anything else as the gathered formats, cutting each
+full tensor down to this rank's shard without communication.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from kolossos.checkpoint_io import GeneralCheckpointIO, LoadReport
+from kolossos.checkpoint_io.optim_format import to_torch_state_dict
+from kolossos.checkpoint_io.param_names import unwrap_optimizer
+from kolossos.checkpoint_io.state_check import unique_tensors
+from kolossos.fsdp.dcp import _reshard, find_dcp_directory, load_model_dcp, save_model_dcp
+from kolossos.fsdp.dcp_optimizer import load_optimizer_dcp, save_optimizer_dcp
+from kolossos.interface import unwrap_model
+
+__all__ = ["FSDPCheckpointIO", "shard_like"]
+
+
+def shard_like(value: Any, target: Any) -> Any:
+    """``value`` (a full tensor) cut down to ``target``'s ``DTensor`` shard, on the device and
+    in the layout of ``target``'s local tensor (so CPU-offloaded shards stay in CPU memory).
+    Anything else is returned as it is. No communication: every rank has the full tensor."""
+    from torch.distributed.tensor import DTensor
+
+    if (
+        not isinstance(target, DTensor)
+        or not isinstance(value, torch.Tensor)
+        or isinstance(value, DTensor)
+        or tuple(value.shape) != tuple(target.shape)
+    ):
+        return value
+    mesh = target.device_mesh
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None, "a rank outside the mesh holds a shard"
+    local = value
+    for mesh_dim, placement in enumerate(target.placements):
+        if placement.is_shard():
+            dim = placement.dim  # type: ignore[attr-defined]
+            pieces = torch.chunk(local, mesh.size(mesh_dim), dim=dim)
+            index = coordinate[mesh_dim]
+            local = pieces[index] if index < len(pieces) else local.narrow(dim, 0, 0)
+    home = target.to_local()
+    return DTensor.from_local(
+        local.to(home.device),
+        mesh,
+        target.placements,
+        run_check=False,
+        shape=target.shape,
+        stride=target.stride(),
+    )
+
+
+def _distinct(tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """``tensor`` copied to storage offset ``index + 1`` of a fresh buffer.
+
+    The writer drops tied duplicates by storage identity (pointer, offset, shape, ...). Gathered
+    tensors are temporaries: once a shard is written, a later gathered tensor of the same shape
+    may reuse a freed one's memory and be mistaken for its alias (and silently left out). A
+    distinct offset per entry rules that out; the writer copies such views compactly anyway.
+    """
+    buffer = torch.empty(tensor.numel() + index + 1, dtype=tensor.dtype, device=tensor.device)
+    view = buffer[index + 1 :].view(tensor.shape)
+    view.copy_(tensor)
+    return view
+
+
+class FSDPCheckpointIO(GeneralCheckpointIO):
+    """Checkpoint IO of :class:`~kolossos.booster.plugin.TorchFSDPPlugin` (see the module doc).
+
+    Args:
+        process_group: the data-parallel group (its first rank writes gathered checkpoints).
+        checkpoint_format: ``'hf'`` or ``'dcp'``: what ``shard=True`` saves write.
+
+    Example:
+        >>> io = FSDPCheckpointIO(checkpoint_format="dcp")
+        >>> io.save_model(model, "ckpt/model", shard=True)  # doctest: +SKIP
+        >>> io.load_model(plain_model, "ckpt/model")  # DCP detected  # doctest: +SKIP
+    """
+
+    def __init__(self, process_group: Any | None = None, checkpoint_format: str = "hf") -> None:
+        if checkpoint_format not in ("hf", "dcp"):
+            raise ValueError(f"checkpoint_format={checkpoint_format!r} must be 'hf' or 'dcp'.")
+        super().__init__(process_group)
+        self.checkpoint_format = checkpoint_format
+
+    def _use_dcp(self, shard: bool, gather_dtensor: bool, prefix: str | None) -> bool:
+        if not gather_dtensor and not shard:
+            raise ValueError(
+                "gather_dtensor=False (each rank writes its own shards) needs shard=True: a "
+                "single file can only hold gathered tensors."
+            )
+        dcp = shard and (self.checkpoint_format == "dcp" or not gather_dtensor)
+        if dcp and prefix:
+            raise ValueError(
+                f"prefix={prefix!r} is not supported for DCP checkpoints (one per directory); "
+                "save into a directory of its own."
+            )
+        return dcp
+
+    # ------------------------------------------------------------------ model
+    def save_model(
+        self,
+        model: nn.Module,
+        checkpoint: str | os.PathLike[str],
+        shard: bool = False,
+        gather_dtensor: bool = True,
+        prefix: str | None = None,
+        size_per_shard: float = 1024,
+        use_safetensors: bool = False,
+    ) -> None:
+        """Save gathered Hugging Face files, or (see the class doc) a DCP directory, in which
+        case ``size_per_shard`` does not apply (one file per rank) and ``use_safetensors`` is
+        refused."""
+        if self._use_dcp(shard, gather_dtensor, prefix):
+            if use_safetensors:
+                raise ValueError(
+                    "use_safetensors=True writes Hugging Face files; DCP checkpoints use DCP's own "
+                    "file format. Pass checkpoint_format='hf' (or gather_dtensor=True) for them."
+                )
+            save_model_dcp(self, model, checkpoint)
+            return
+        _reshard(unwrap_model(model))
+        super().save_model(model, checkpoint, shard, True, prefix, size_per_shard, use_safetensors)
+
+    def load_model(
+        self, model: nn.Module, checkpoint: str | os.PathLike[str], strict: bool = True
+    ) -> LoadReport:
+        """Load any model checkpoint: DCP directories with DCP, the rest as usual."""
+        directory = find_dcp_directory(checkpoint)
+        if directory is not None:
+            return load_model_dcp(self, model, directory, strict)
+        _reshard(unwrap_model(model))
+        return super().load_model(model, checkpoint, strict)
+
+    def model_state_items(
+        self, model: nn.Module, gather_dtensor: bool
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each state entry gathered into a full tensor (collective: all ranks gather, one tensor
+        at a time). Tied entries are yielded once, under their first name: gathered copies no
+        longer share memory, so the writer could not tell them apart afterwards."""
+        state = unwrap_model(model).state_dict()
+        aliases: dict[str, str] = {}
+        for _ in unique_tensors(state.items(), aliases):  # identity of the shards
+            pass
+        for index, (name, value) in enumerate(state.items()):
+            if name in aliases:
+                continue
+            if hasattr(value, "full_tensor"):
+                value = _distinct(value.full_tensor(), index)  # collective
+            yield name, value
+
+    def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
+        """Keep this rank's shard of each full tensor and load it."""
+        module = unwrap_model(model)
+        targets = module.state_dict(keep_vars=True)
+        module.load_state_dict(
+            {name: shard_like(value, targets[name]) for name, value in piece.items()}, strict=False
+        )
+
+    # ------------------------------------------------------------------ optimizer
+    def save_optimizer(
+        self,
+        optimizer: Any,
+        checkpoint: str | os.PathLike[str],
+        shard: bool = False,
+        gather_dtensor: bool = True,
+        prefix: str | None = None,
+        size_per_shard: float = 1024,
+    ) -> None:
+        """Save the name-keyed optimizer format (gathered), or a DCP directory."""
+        if self._use_dcp(shard, gather_dtensor, prefix):
+            save_optimizer_dcp(self, optimizer, checkpoint)
+            return
+        super().save_optimizer(optimizer, checkpoint, shard, True, prefix, size_per_shard)
+
+    def load_optimizer(self, optimizer: Any, checkpoint: str | os.PathLike[str]) -> LoadReport:
+        """Load any optimizer checkpoint: DCP directories with DCP, the rest as usual."""
+        directory = find_dcp_directory(checkpoint)
+        if directory is not None:
+            return load_optimizer_dcp(self, optimizer, directory)
+        return super().load_optimizer(optimizer, checkpoint)
+
+    def load_optimizer_state(
+        self,
+        optimizer: Any,
+        names: list[list[str]],
+        header: dict[str, Any],
+        states: Iterator[tuple[str, dict[str, Any]]],
+        mapping: dict[str, str],
+    ) -> None:
+        """Cut full states shaped like their parameter down to this rank's shard, then load."""
+        optim = unwrap_optimizer(optimizer)
+        params = {
+            name: p
+            for group, group_names in zip(optim.param_groups, names, strict=True)
+            for p, name in zip(group["params"], group_names, strict=True)
+        }
+
+        def laid_out() -> Iterator[tuple[str, dict[str, Any]]]:
+            for name, state in states:
+                if name in mapping:
+                    target = params[mapping[name]]
+                    yield name, {k: shard_like(v, target) for k, v in state.items()}
+
+        optim.load_state_dict(to_torch_state_dict(names, header, laid_out(), mapping))

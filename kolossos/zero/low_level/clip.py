@@ -1,0 +1,59 @@
+"""Gradient norms and clipping over partitioned gradients.
+
+Each rank holds one partition of every gradient; the global norm is one all-reduce of the
+partial results: the sum of ``|g|^p`` (or the maximum of ``|g|`` for ``p = inf``) over each
+rank's partitions, padding excluded. Every rank then scales its own partitions by the same
+factor, ``min(1, max_norm / (norm + 1e-6))``, as ``torch.nn.utils.clip_grad_norm_`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["clip_by_total_norm_", "global_norm"]
+
+
+def global_norm(
+    grads: Sequence[torch.Tensor],
+    norm_type: float,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """The ``norm_type``-norm of all ranks' ``grads`` together (a collective: one all-reduce).
+
+    Args:
+        grads: this rank's gradient pieces (padding already cut off).
+        norm_type: ``p`` > 0, or ``inf``.
+        group: the ranks sharing the gradients.
+        device: where the all-reduced scalar lives (the CPU for gloo).
+
+    Returns:
+        A 0-dim fp32 tensor on ``device``.
+    """
+    valid = [g for g in grads if g.numel()]
+    if math.isinf(norm_type):
+        maxima = [g.abs().max().float().to(device) for g in valid]
+        total = torch.stack(maxima).max() if maxima else torch.zeros((), device=device)
+        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+        return total
+    powers = [
+        torch.linalg.vector_norm(g, norm_type, dtype=torch.float32).to(device) ** norm_type
+        for g in valid
+    ]
+    total = torch.stack(powers).sum() if powers else torch.zeros((), device=device)
+    dist.all_reduce(total, group=group)
+    return total ** (1.0 / norm_type)
+
+
+def clip_by_total_norm_(
+    grads: Sequence[torch.Tensor | None], max_norm: float, total: torch.Tensor
+) -> None:
+    """Scale ``grads`` in place so that a total norm of ``total`` becomes at most ``max_norm``."""
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        if g is not None:
+            g.mul_(coef.to(g.device))

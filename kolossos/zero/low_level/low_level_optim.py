@@ -1,0 +1,434 @@
+"""``LowLevelZeroOptimizer``: ZeRO stage 1 and 2 around any ``torch.optim.Optimizer``.
+
+Each rank steps only its 1/N partition of every parameter group with fp32 master weights; the
+gradients reach the partition owners by bucketed reduce-to-owner calls during backward
+(:mod:`~kolossos.zero.low_level.reducer`), and the updated partitions are gathered back into the
+model's weights after the step. The layout is documented in ``docs/zero.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.optim import Optimizer
+from torch.utils.weak import WeakIdKeyDictionary
+
+from kolossos.amp import DynamicGradScaler, all_reduce_overflow, unscale_and_check_
+from kolossos.interface import OptimizerWrapper
+from kolossos.interface.optimizer import _check_clip
+from kolossos.zero.low_level.bucket import plan_buckets
+from kolossos.zero.low_level.clip import clip_by_total_norm_, global_norm
+from kolossos.zero.low_level.comm import Communicator
+from kolossos.zero.low_level.flat_buffers import attach_grad_views, flatten_params, param_views
+from kolossos.zero.low_level.grad_store import GradStore, StoreMode
+from kolossos.zero.low_level.offload import MasterWeights
+from kolossos.zero.low_level.optim_state import PartitionedStateMixin
+from kolossos.zero.low_level.options import ZeroOptions, check_norm_type
+from kolossos.zero.low_level.partition import FlatLayout, ParamSpan
+from kolossos.zero.low_level.reducer import GradientReducer
+
+__all__ = ["LowLevelZeroOptimizer", "zero_optimizer_of"]
+
+#: managed working parameter -> the ZeRO optimizer owning it (checkpoint IO finds it this way)
+_OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def zero_optimizer_of(param: torch.Tensor) -> LowLevelZeroOptimizer | None:
+    """The :class:`LowLevelZeroOptimizer` whose flat buffer holds ``param``, if any."""
+    ref = _OWNERS.get(param)
+    return ref() if ref is not None else None
+
+
+class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
+    """ZeRO-1 (``partition_grad=False``) or ZeRO-2 (``partition_grad=True``) data parallelism.
+
+    Wraps an optimizer built over the model's parameters. Each parameter group becomes one flat
+    buffer (the parameters turn into views of it), split evenly over the data-parallel ranks; the
+    wrapped optimizer is re-pointed, in place (LR schedulers keep working), at this rank's fp32
+    master partitions, one per group, keeping every group's hyper-parameters. fp16 parameters
+    get a dynamic loss scale (overflow is agreed on by all ranks); bf16 and fp32 need none.
+
+    Always back-propagate through :meth:`backward` (``booster.backward``): it scales the loss
+    and drives the gradient reduction. Parameters with ``requires_grad=False`` are left alone.
+
+    Args:
+        optimizer: the optimizer over the model's (already device-placed) parameters.
+        initial_scale, min_scale, growth_factor, backoff_factor, growth_interval, hysteresis,
+            max_scale: the fp16 loss scaler (:class:`kolossos.amp.DynamicGradScaler`).
+        clip_grad_norm: clip to this global norm at every step (0: off).
+        verbose: log the layout on rank 0.
+        reduce_bucket_size: largest gradient bucket, in elements.
+        communication_dtype: dtype of gradient reduction (default: the parameters').
+        overlap_communication: reduce buckets while backward continues.
+        partition_grad: ZeRO-2 (also shard gradients).
+        cpu_offload: master weights, gradient partition and optimizer states on the CPU.
+        dp_process_group: the data-parallel group (default: all ranks).
+        tp_process_group: not supported (must be ``None``).
+        forced_dtype: cast the parameters to this dtype first.
+        norm_type: the norm of ``clip_grad_norm``.
+
+    Example:
+        >>> model = torch.nn.Linear(8, 8).to(torch.bfloat16)
+        >>> opt = LowLevelZeroOptimizer(torch.optim.AdamW(model.parameters()), partition_grad=True)
+        >>> opt.backward(model(torch.ones(2, 8, dtype=torch.bfloat16)).float().sum())
+        >>> opt.step(); opt.zero_grad()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        initial_scale: float = 2**16,
+        min_scale: float = 1,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        hysteresis: int = 2,
+        max_scale: float = 2**24,
+        clip_grad_norm: float = 0.0,
+        verbose: bool = False,
+        reduce_bucket_size: int = 1024 * 1024,
+        communication_dtype: torch.dtype | None = None,
+        overlap_communication: bool = False,
+        partition_grad: bool = False,
+        cpu_offload: bool = False,
+        dp_process_group: dist.ProcessGroup | None = None,
+        tp_process_group: dist.ProcessGroup | None = None,
+        forced_dtype: torch.dtype | None = None,
+        norm_type: float = 2.0,
+    ) -> None:
+        super().__init__(optimizer)
+        self.options = ZeroOptions(
+            partition_grad=partition_grad,
+            reduce_bucket_size=reduce_bucket_size,
+            communication_dtype=communication_dtype,
+            overlap_communication=overlap_communication,
+            cpu_offload=cpu_offload,
+            clip_grad_norm=clip_grad_norm,
+            norm_type=norm_type,
+            forced_dtype=forced_dtype,
+            verbose=verbose,
+        )
+        if tp_process_group is not None:
+            raise NotImplementedError(
+                "tp_process_group is not supported by LowLevelZeroOptimizer yet; combine tensor "
+                "parallelism with ZeRO through HybridParallelPlugin."
+            )
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "LowLevelZeroOptimizer needs torch.distributed to be initialised; call "
+                "kolossos.launch_from_torch() (or kolossos.launch) first."
+            )
+        self.comm = Communicator(dp_process_group)
+        self._names: dict[torch.Tensor, str] = {}
+        self._build_buffers()
+        dtype = self.working_dtype
+        self.scaler: DynamicGradScaler | None = None
+        if dtype == torch.float16:
+            self.scaler = DynamicGradScaler(
+                initial_scale=initial_scale,
+                min_scale=min_scale,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
+                hysteresis=hysteresis,
+                max_scale=max_scale,
+                verbose=verbose,
+            )
+        self._build_reducer(communication_dtype or dtype)
+        self._no_sync = False
+        self._backwards = 0  # backward passes since the last zero_grad
+        self._prepared: tuple[list[torch.Tensor | None], bool] | None = None
+        self._skipped = False
+        if verbose:
+            self._log_layout()
+
+    # ------------------------------------------------------------------ construction
+    def _build_buffers(self) -> None:
+        options, rank = self.options, self.comm.rank
+        device = None
+        self.groups: list[list[nn.Parameter]] = []
+        self.layouts: list[FlatLayout] = []
+        self.flat_work: list[torch.Tensor] = []
+        existing = {p: dict(s) for p, s in self.optim.state.items()}
+        for group in self.optim.param_groups:
+            params = [p for p in group["params"] if p.requires_grad]
+            for p in params:
+                device = device or p.device
+                if p.device != device:
+                    raise ValueError(
+                        f"parameters on {p.device} and {device}: move the model to one device "
+                        "before building the ZeRO optimizer."
+                    )
+                if options.forced_dtype is not None:
+                    p.data = p.data.to(options.forced_dtype)
+            layout = FlatLayout.of_shapes([p.shape for p in params], self.comm.world_size)
+            flat = flatten_params(params, layout, device or torch.device("cpu"))
+            self.comm.broadcast(flat, 0)  # every rank starts from rank 0's weights
+            self.groups.append(params)
+            self.layouts.append(layout)
+            self.flat_work.append(flat)
+        dtypes = {flat.dtype for flat in self.flat_work if flat.numel()}
+        if len(dtypes) > 1:
+            raise TypeError(
+                f"parameter groups hold different dtypes ({sorted(map(str, dtypes))}); give all "
+                "parameters one dtype (the plugin's precision, or forced_dtype)."
+            )
+        self.working_dtype = dtypes.pop() if dtypes else torch.float32
+        self.spans: dict[torch.Tensor, tuple[int, ParamSpan]] = {}
+        for g, (params, layout) in enumerate(zip(self.groups, self.layouts, strict=True)):
+            for p, span in zip(params, layout.spans, strict=True):
+                self.spans[p] = (g, span)
+                _OWNERS[p] = weakref.ref(self)
+        self.masters = MasterWeights(self.flat_work, self.layouts, rank, options.cpu_offload)
+        for group, master in zip(self.optim.param_groups, self.masters.params, strict=True):
+            group["params"] = [master]
+        self.optim.state.clear()
+        if any(existing.values()):  # boosted after some steps: keep the states, re-sliced
+            self.load_param_states(
+                (g, i, existing[p])
+                for g, params in enumerate(self.groups)
+                for i, p in enumerate(params)
+                if existing.get(p)
+            )
+
+    def _build_reducer(self, comm_dtype: torch.dtype) -> None:
+        options = self.options
+        stage2 = options.partition_grad
+        self.flat_grads: list[torch.Tensor] | None = None
+        if not stage2:
+            self.flat_grads = [torch.zeros_like(flat) for flat in self.flat_work]
+            self._grad_views = [
+                param_views(flat, layout)
+                for flat, layout in zip(self.flat_grads, self.layouts, strict=True)
+            ]
+        mode = StoreMode.SHARD if stage2 else StoreMode.IN_PLACE
+        if options.cpu_offload:
+            mode = StoreMode.OFFLOAD
+        device = self.flat_work[0].device if self.flat_work else torch.device("cpu")
+        self.store = GradStore(
+            self.layouts,
+            self.comm.rank,
+            mode,
+            self.working_dtype,
+            device,
+            self.flat_grads if mode is StoreMode.IN_PLACE else None,
+        )
+        buckets = plan_buckets(self.layouts, options.reduce_bucket_size)
+        self.reducer = GradientReducer(
+            self.groups,
+            self.layouts,
+            buckets,
+            self.comm,
+            self.store,
+            self.flat_grads,
+            comm_dtype,
+            options.overlap_communication,
+        )
+        self.reducer.register_hooks()
+
+    def _log_layout(self) -> None:
+        from kolossos.logging import get_dist_logger
+
+        stage = 2 if self.options.partition_grad else 1
+        sizes = [layout.partition_numel for layout in self.layouts]
+        get_dist_logger().info(
+            f"ZeRO-{stage}: {len(self.layouts)} group(s), partition sizes {sizes} elements, "
+            f"{len(self.reducer.buckets)} gradient buckets, working dtype {self.working_dtype}, "
+            f"masters on {self.masters.device}",
+            ranks=[0],
+        )
+
+    # ------------------------------------------------------------------ introspection
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The model parameters this optimizer manages (not the internal master partitions)."""
+        for group in self.groups:
+            yield from group
+
+    def working_params(self) -> list[torch.Tensor]:
+        """Same as :meth:`parameters`, as a list (the Booster maps names through it)."""
+        return list(self.parameters())
+
+    def master_params(self) -> list[nn.Parameter]:
+        """This rank's fp32 master partitions, one per group (what the wrapped optimizer steps)."""
+        return list(self.masters.params)
+
+    @property
+    def loss_scale(self) -> float:
+        """The current fp16 loss scale (1.0 without fp16)."""
+        return self.scaler.scale if self.scaler is not None else 1.0
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the most recent ``step`` was skipped for an fp16 overflow."""
+        return self._skipped
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Not supported: the flat buffers are built once; add every group before boosting."""
+        raise NotImplementedError(
+            "LowLevelZeroOptimizer cannot add a param group after construction (its flat "
+            "buffers are fixed); add all groups to the optimizer before booster.boost."
+        )
+
+    def set_param_names(self, names: nn.Module | dict[torch.Tensor, str]) -> None:
+        """Name the managed parameters (for name-keyed checkpoints), from the model or a
+        ``{parameter: name}`` mapping. The plugin does this at ``boost``."""
+        if isinstance(names, nn.Module):
+            from kolossos.interface import unwrap_model
+
+            names = {p: n for n, p in unwrap_model(names).named_parameters()}
+        self._names = dict(names)
+
+    def param_name(self, param: torch.Tensor) -> str | None:
+        """The name given to ``param`` by :meth:`set_param_names`, if any."""
+        return self._names.get(param)
+
+    # ------------------------------------------------------------------ backward
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients without communication (ZeRO-1). ZeRO-2 keeps reducing every
+        backward into its gradient partition, so accumulation stays correct and memory stays
+        sharded, but no communication is saved."""
+        previous, self._no_sync = self._no_sync, True
+        try:
+            yield
+        finally:
+            self._no_sync = previous
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Back-propagate ``loss * loss_scale / N`` and reduce the gradients to their owners."""
+        self._run_backward(lambda factor: (loss.float() * factor).backward(*args, **kwargs))
+
+    def backward_by_grad(self, tensor: torch.Tensor, grad: torch.Tensor) -> None:
+        """Back-propagate from ``tensor`` with upstream gradient ``grad`` (scaled likewise)."""
+        self._run_backward(lambda factor: torch.autograd.backward(tensor, grad * factor))
+
+    def _run_backward(self, run: Callable[[float], None]) -> None:
+        if self.flat_grads is not None:
+            for params, views in zip(self.groups, self._grad_views, strict=True):
+                attach_grad_views(params, views)
+        self._prepared = None
+        self.reducer.begin(sync=not self._no_sync)
+        try:
+            run(self.loss_scale / self.comm.world_size)  # the reduction then is a plain sum
+        except BaseException:
+            self.reducer.abort()
+            raise
+        self.reducer.finish()
+        self._backwards += 1
+
+    # ------------------------------------------------------------------ gradients
+    def _prepare(self) -> tuple[list[torch.Tensor | None], bool]:
+        """fp32 gradient partitions next to the masters, unscaled; and the global overflow flag.
+        Computed once per step (clipping and ``step`` share it)."""
+        if self._prepared is not None:
+            return self._prepared
+        if self.reducer.local_unreduced:  # no_sync passes, then step without a synced backward
+            self.reducer.reduce_all()
+        grads: list[torch.Tensor | None] = []
+        for g, master in enumerate(self.masters.params):
+            part = self.store.partition(g)
+            if part is not None and (part.dtype != torch.float32 or part.device != master.device):
+                part = part.to(device=master.device, dtype=torch.float32)
+            grads.append(part)
+        found_inf = False
+        if self.scaler is not None:
+            local = unscale_and_check_(grads, self.scaler.inv_scale)
+            found_inf = all_reduce_overflow(local, self.comm.group)  # sync point
+        self._prepared = (grads, found_inf)
+        return self._prepared
+
+    def _comm_device(self) -> torch.device:
+        """Where small tensors go to be all-reduced (the CPU for gloo)."""
+        if self.comm.gloo:
+            return torch.device("cpu")
+        from kolossos.accelerator import get_accelerator
+
+        return get_accelerator().get_current_device()
+
+    def _valid(self, grads: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """The gradient partitions without their padding."""
+        return [
+            g[: layout.valid_numel(self.comm.rank)]
+            for g, layout in zip(grads, self.layouts, strict=True)
+            if g is not None
+        ]
+
+    def clip_grad_by_norm(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> torch.Tensor:
+        """Scale the gradient partitions so that the global ``norm_type``-norm (over all ranks,
+        padding excluded) is at most ``max_norm``; returns the norm before clipping (``inf``
+        when an fp16 overflow will skip the step)."""
+        _check_clip(max_norm, "max_norm")
+        norm_type = check_norm_type(norm_type)
+        grads, found_inf = self._prepare()
+        if found_inf:
+            return torch.tensor(float("inf"))
+        total = global_norm(self._valid(grads), norm_type, self.comm.group, self._comm_device())
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(
+                f"the total norm of order {norm_type} of the gradients is non-finite; set "
+                "error_if_nonfinite=False to clip anyway."
+            )
+        clip_by_total_norm_(grads, max_norm, total)
+        return total
+
+    def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
+        """Clamp every element of the gradient partitions into ``[-clip_value, clip_value]``."""
+        _check_clip(clip_value, "clip_value")
+        grads, found_inf = self._prepare()
+        if not found_inf:
+            for g in grads:
+                if g is not None:
+                    g.clamp_(-clip_value, clip_value)
+
+    # ------------------------------------------------------------------ step
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """Update this rank's partitions and gather everyone's into the model's weights.
+
+        Skipped (``None`` returned, gradients dropped, scale backed off) when any rank saw an
+        fp16 overflow; a no-op when no backward ran since the last ``zero_grad``.
+        """
+        if args or kwargs:
+            raise NotImplementedError("LowLevelZeroOptimizer.step() takes no closure.")
+        if self._backwards == 0:
+            return None
+        grads, found_inf = self._prepare()
+        self._skipped = found_inf
+        if self.scaler is not None:
+            self.scaler.update(found_inf)
+        if found_inf:
+            self.zero_grad()
+            return None
+        if self.options.clip_grad_norm > 0:
+            self.clip_grad_by_norm(self.options.clip_grad_norm, self.options.norm_type)
+        for master, grad in zip(self.masters.params, grads, strict=True):
+            master.grad = grad
+        out = self.optim.step()
+        for g, master in enumerate(self.masters.params):
+            part, grad = self.store.partition(g), master.grad
+            if part is None or grad is None or grad.data_ptr() != part.data_ptr():
+                master.grad = None  # a converted copy; stored partitions stay until zero_grad
+        self._prepared = None
+        self.masters.write_back()
+        for handle in [self.comm.gather_partitions(flat) for flat in self.flat_work]:
+            handle.wait()
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop (ZeRO-1: zero) every gradient, reduced or local."""
+        self.store.clear()
+        for master in self.masters.params:
+            master.grad = None
+        if self.flat_grads is None:
+            for p in self.parameters():
+                p.grad = None
+        self.reducer.local_unreduced = False
+        self._prepared = None
+        self._backwards = 0

@@ -1,0 +1,54 @@
+"""``LowLevelZeroModel``: the model side of ZeRO-1/2 — on the device, in the working dtype."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from kolossos.interface import ModelWrapper
+
+__all__ = ["LowLevelZeroModel", "cast_floating"]
+
+
+def cast_floating(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with each floating-point tensor inside (lists, tuples, dicts) cast to ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: cast_floating(v, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(cast_floating(v, dtype) for v in value)
+    return value
+
+
+class LowLevelZeroModel(ModelWrapper):
+    """Moves ``module`` to the accelerator's device and casts its floating-point parameters and
+    buffers to ``dtype`` (fp16/bf16 training keeps low-precision working weights; the fp32 master
+    copies belong to the optimizer). Floating-point inputs are cast to ``dtype`` in ``forward``;
+    outputs are returned as the module computes them.
+
+    Args:
+        module: the user's model.
+        dtype: the working dtype (``torch.float32`` keeps the model as it is).
+
+    Example:
+        >>> model = LowLevelZeroModel(torch.nn.Linear(4, 2), torch.bfloat16)
+        >>> model(torch.ones(1, 4)).dtype
+        torch.bfloat16
+    """
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
+        from kolossos.accelerator import get_accelerator
+
+        module = module.to(get_accelerator().get_current_device())
+        if dtype != torch.float32:
+            module = module.to(dtype)
+        super().__init__(module)
+        self.dtype = dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.dtype != torch.float32:
+            args, kwargs = cast_floating(args, self.dtype), cast_floating(kwargs, self.dtype)
+        return self.module(*args, **kwargs)

@@ -1,0 +1,388 @@
+"""LowLevelZeroPlugin (ZeRO-1/2) vs single-process training on CPU/gloo.
+
+The reference keeps the plugin's precision recipe in one process: working weights in the
+plugin's dtype, fp32 master weights stepped by AdamW, fp16 loss scaling with the same scale. It
+trains on the whole global batch; each ZeRO rank on its shard. Sweeps run inside one process group
+per (world size, stage) with ``parameterize``. Buckets are tiny (100 elements), so parameters are
+split over buckets and partitions.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kolossos.booster import Booster
+from kolossos.booster.plugin import LowLevelZeroPlugin
+from kolossos.interface import unwrap_model
+from kolossos.testing import distributed, parameterize
+from kolossos.testing.parity import (
+    TinyMLP,
+    assert_params_close,
+    assert_same_on_all_ranks,
+    global_mean,
+    make_classification_batches,
+    shard,
+)
+from kolossos.utils.profiling import CommCounter
+
+STEPS = 4
+GLOBAL_BATCH = 16
+SCALE = 2.0**10  # fp16 loss scale: no overflow with these models
+BUCKET_M = 100 / 2**20  # 100-element buckets
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# (loss, parameters) rtol = atol. fp32 differs only in the order of the gradient sums. In
+# fp16/bf16 each rank rounds its own shard's gradients and the reduction runs in that dtype; Adam
+# turns a rounding difference in a near-zero gradient into up to 2 * lr (0.02) per step for that
+# element, hence the parameter tolerances of a few learning rates.
+TOL = {"fp32": (1e-5, 1e-5), "bf16": (2e-2, 4e-2), "fp16": (2e-3, 2e-2)}
+Clip = Callable[[Any], float]
+
+
+def criterion(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out.float(), y)
+
+
+def adamw(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+class Reference:
+    """One process, the plugin's precision recipe: low-precision model, fp32 masters."""
+
+    def __init__(
+        self, model: nn.Module, precision: str, make_opt: Callable[[nn.Module], Any] = adamw
+    ) -> None:
+        self.dtype = DTYPES[precision]
+        self.model = model.to(self.dtype)
+        self.scale = SCALE if precision == "fp16" else 1.0
+        master_model = copy.deepcopy(model).float()
+        self.opt = make_opt(master_model)
+        self.masters = list(master_model.parameters())
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return criterion(self.model(x.to(self.dtype)), y)
+
+    def backward(self, loss: torch.Tensor) -> list[torch.Tensor]:
+        """Backward, then the unscaled fp32 gradients on the masters (returned)."""
+        (loss * self.scale).backward()
+        for master, p in zip(self.masters, self.model.parameters(), strict=True):
+            if p.grad is not None:
+                master.grad = p.grad.float() / self.scale
+        return [m for m in self.masters if m.grad is not None]
+
+    def step(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad()
+        self.model.zero_grad()
+        with torch.no_grad():
+            for master, p in zip(self.masters, self.model.parameters(), strict=True):
+                p.copy_(master)
+
+
+def boost(
+    model: nn.Module, make_opt: Callable[[nn.Module], Any] = adamw, **plugin_kwargs: Any
+) -> tuple[Booster, Any, Any]:
+    kwargs: dict[str, Any] = {"initial_scale": SCALE, "reduce_bucket_size_in_m": BUCKET_M}
+    booster = Booster(plugin=LowLevelZeroPlugin(**(kwargs | plugin_kwargs)))
+    boosted, opt, _, _, _ = booster.boost(model, make_opt(model))
+    return booster, boosted, opt
+
+
+def train_both(
+    world: int,
+    precision: str,
+    zero_clip: Clip | None = None,
+    ref_clip: Clip | None = None,
+    **plugin_kwargs: Any,
+) -> tuple[list[float], list[float], nn.Module, Reference, list[tuple[float, float]]]:
+    """Train TinyMLP with the plugin and with the reference; return both loss curves, both
+    models and the (ZeRO, reference) values returned by the clip functions."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = TinyMLP()
+    ref = Reference(copy.deepcopy(model), precision)
+    booster, boosted, opt = boost(model, precision=precision, **plugin_kwargs)
+    losses, ref_losses, norms = [], [], []
+    for x, y in make_classification_batches(STEPS, GLOBAL_BATCH):
+        loss = criterion(boosted(shard(x, rank, world)), shard(y, rank, world))
+        booster.backward(loss, opt)
+        norm = zero_clip(opt) if zero_clip is not None else 0.0
+        opt.step()
+        opt.zero_grad()
+        losses.append(global_mean(loss))
+        ref_loss = ref.loss(x, y)
+        grads = ref.backward(ref_loss)
+        norms.append((norm, ref_clip(grads) if ref_clip is not None else 0.0))
+        ref.step()
+        ref_losses.append(float(ref_loss))
+    return losses, ref_losses, unwrap_model(boosted), ref, norms
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("world_size", [2, 4])
+@distributed()
+def test_matches_single_process(world_size: int, stage: int) -> None:
+    @parameterize("precision", ["fp32", "bf16", "fp16"])
+    @parameterize("overlap", [True, False])
+    @parameterize("offload", [False, True])
+    def case(precision: str, overlap: bool, offload: bool) -> None:
+        losses, ref_losses, trained, ref, _ = train_both(
+            world_size, precision, stage=stage, overlap_communication=overlap, cpu_offload=offload
+        )
+        loss_tol, param_tol = TOL[precision]
+        torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
+        assert_params_close(trained, ref.model, rtol=param_tol, atol=param_tol)
+        assert_same_on_all_ranks(trained)
+        assert next(trained.parameters()).dtype == DTYPES[precision]
+
+    case()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@distributed(2)
+def test_clipping_matches_single_process(stage: int) -> None:
+    """The plugin's ``max_norm``, ``clip_grad_by_norm`` (2-norm and inf-norm) and
+    ``clip_grad_by_value`` against torch's clipping of the reference's full gradients."""
+
+    def norm_clip(norm_type: float) -> tuple[Clip, Clip]:
+        return (
+            lambda opt: float(opt.clip_grad_by_norm(0.05, norm_type)),
+            lambda grads: float(nn.utils.clip_grad_norm_(grads, 0.05, norm_type)),
+        )
+
+    def value_clip(opt: Any) -> float:
+        opt.clip_grad_by_value(0.002)
+        return 0.0
+
+    clips: dict[str, tuple[Clip | None, Clip, dict[str, Any]]] = {
+        "plugin": (None, norm_clip(2.0)[1], {"max_norm": 0.05}),
+        "norm": (*norm_clip(2.0), {}),
+        "inf": (*norm_clip(math.inf), {}),
+        "value": (value_clip, lambda g: nn.utils.clip_grad_value_(g, 0.002) or 0.0, {}),
+    }
+
+    @parameterize("precision", ["fp32", "bf16"])
+    @parameterize("mode", list(clips))
+    def case(precision: str, mode: str) -> None:
+        zero_clip, ref_clip, kwargs = clips[mode]
+        losses, ref_losses, trained, ref, norms = train_both(
+            2, precision, zero_clip, ref_clip, stage=stage, **kwargs
+        )
+        loss_tol, param_tol = TOL[precision]
+        torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
+        assert_params_close(trained, ref.model, rtol=param_tol, atol=param_tol)
+        if mode in ("norm", "inf"):
+            zero_norms, ref_norms = zip(*norms, strict=True)
+            assert min(ref_norms) > 0.05  # the clip was active
+            torch.testing.assert_close(zero_norms, ref_norms, rtol=loss_tol, atol=1e-6)
+
+    case()
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@distributed()
+def test_accumulation_equals_large_batch(world_size: int) -> None:
+    """``no_sync`` (stage 1: no communication; stage 2: still reduces, correctly) and plain
+    repeated backward passes both equal one step on the concatenated batch."""
+    rank, accum = dist.get_rank(), 4
+
+    @parameterize("stage", [1, 2])
+    @parameterize("use_no_sync", [True, False])
+    @parameterize("precision", ["fp32", "bf16"])
+    def case(stage: int, use_no_sync: bool, precision: str) -> None:
+        torch.manual_seed(0)
+        model = TinyMLP()
+        ref = Reference(copy.deepcopy(model), precision)
+        booster, boosted, opt = boost(model, precision=precision, stage=stage)
+        micro = make_classification_batches(2 * accum, 8, seed=3)
+        for i, (x, y) in enumerate(micro):
+            xs, ys = shard(x, rank, world_size), shard(y, rank, world_size)
+            last = (i + 1) % accum == 0
+            with CommCounter() as comm:
+                if use_no_sync and not last:
+                    with booster.no_sync(boosted, opt):
+                        booster.backward(criterion(boosted(xs), ys) / accum, opt)
+                else:
+                    booster.backward(criterion(boosted(xs), ys) / accum, opt)
+            silent = use_no_sync and not last and stage == 1
+            assert (comm.calls() == 0) == silent, f"stage {stage}: {comm.calls()} collectives"
+            if last:
+                opt.step()
+                opt.zero_grad()
+                xs_all = torch.cat([m[0] for m in micro[i + 1 - accum : i + 1]])
+                ys_all = torch.cat([m[1] for m in micro[i + 1 - accum : i + 1]])
+                ref.backward(ref.loss(xs_all, ys_all))
+                ref.step()
+        _, param_tol = TOL[precision]
+        assert_params_close(unwrap_model(boosted), ref.model, rtol=param_tol, atol=param_tol)
+
+    case()
+
+
+class TwoGroupNet(nn.Module):
+    """Parameters for two optimizer groups, one frozen and one never used in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(16, 24)
+        self.head = nn.Linear(24, 8)
+        self.frozen = nn.Linear(16, 16)
+        self.frozen.requires_grad_(False)
+        self.unused = nn.Parameter(torch.randn(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(self.frozen(x))))
+
+
+def two_groups(model: nn.Module) -> torch.optim.Optimizer:
+    net: Any = model
+    decay = [net.body.weight, net.head.weight]
+    rest = [net.body.bias, net.head.bias, net.unused, *net.frozen.parameters()]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "lr": 3e-3, "weight_decay": 0}],
+        lr=1e-2,
+    )
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@distributed(2)
+def test_param_groups_frozen_and_unused_parameters(stage: int) -> None:
+    """Groups keep their hyper-parameters (an LR scheduler still drives them); a frozen parameter
+    is left alone; a parameter without gradients is not moved (weight decay 0 in its group)."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = TwoGroupNet()
+    reference = copy.deepcopy(model)
+    booster = Booster(plugin=LowLevelZeroPlugin(stage=stage, precision="fp32"))
+    opt = two_groups(model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    boosted, zero, _, _, sched = booster.boost(model, opt, lr_scheduler=sched)
+    ref_opt = two_groups(reference)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    for x, y in make_classification_batches(STEPS, GLOBAL_BATCH):
+        booster.backward(criterion(boosted(shard(x, rank, 2)), shard(y, rank, 2)), zero)
+        zero.step()
+        zero.zero_grad()
+        sched.step()
+        criterion(reference(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_sched.step()
+    assert [g["lr"] for g in zero.param_groups] == [g["lr"] for g in ref_opt.param_groups]
+    assert_params_close(unwrap_model(boosted), reference, rtol=1e-5, atol=1e-6)
+    assert torch.equal(unwrap_model(boosted).unused, reference.unused)
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> Any:
+    """transformers' GPT-2, imported once in the parent so that forked ranks inherit it."""
+    modeling = pytest.importorskip("transformers.models.gpt2.modeling_gpt2")
+    config = modeling.GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    return lambda: modeling.GPT2LMHeadModel(config)
+
+
+@distributed(2)
+def test_gpt2_with_tied_embeddings(gpt2: Any) -> None:
+    rank = dist.get_rank()
+    gen = torch.Generator().manual_seed(7)
+    tokens = [torch.randint(0, 64, (4, 16), generator=gen) for _ in range(STEPS)]
+
+    def make_opt(model: nn.Module) -> torch.optim.Optimizer:
+        # The key biases' gradients are zero up to rounding noise (softmax ignores a constant
+        # shift); Adam with eps=1e-8 would blow that noise up to lr-sized steps on either side.
+        return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, eps=1e-6)
+
+    def lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=ids).logits.float()
+        return F.cross_entropy(logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1))
+
+    @parameterize("stage", [1, 2])
+    @parameterize("precision", ["fp32", "bf16"])
+    def case(stage: int, precision: str) -> None:
+        torch.manual_seed(0)
+        model = gpt2()
+        ref = Reference(copy.deepcopy(model), precision, make_opt)
+        booster, boosted, opt = boost(model, make_opt, precision=precision, stage=stage)
+        assert unwrap_model(boosted).lm_head.weight is unwrap_model(boosted).transformer.wte.weight
+        losses, ref_losses = [], []
+        for ids in tokens:
+            loss = lm_loss(boosted, shard(ids, rank, 2))
+            booster.backward(loss, opt)
+            opt.step()
+            opt.zero_grad()
+            losses.append(global_mean(loss))
+            ref_loss = lm_loss(ref.model, ids)
+            ref.backward(ref_loss)
+            ref.step()
+            ref_losses.append(float(ref_loss))
+        loss_tol, param_tol = TOL[precision]
+        torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
+        assert_params_close(unwrap_model(boosted), ref.model, rtol=param_tol, atol=param_tol)
+
+    case()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@distributed(2)
+def test_fp16_overflow_on_one_rank_skips_the_step_everywhere(stage: int) -> None:
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    booster, boosted, opt = boost(TinyMLP(), precision="fp16", stage=stage, hysteresis=1)
+    x, y = make_classification_batches(1, 8)[0]
+    before = [p.detach().clone() for p in unwrap_model(boosted).parameters()]
+    booster.backward(criterion(boosted(shard(x, rank, 2)), shard(y, rank, 2)), opt)
+    if rank == 1:  # only rank 1's gradient partition holds the inf
+        opt.store.partition(0)[0] = float("inf")
+    assert opt.step() is None
+    assert opt.last_step_skipped and opt.loss_scale == SCALE / 2
+    for p, b in zip(unwrap_model(boosted).parameters(), before, strict=True):
+        assert torch.equal(p, b)
+    booster.backward(criterion(boosted(shard(x, rank, 2)), shard(y, rank, 2)), opt)
+    opt.step()
+    assert not opt.last_step_skipped
+    assert_same_on_all_ranks(unwrap_model(boosted))
+    assert not torch.equal(next(unwrap_model(boosted).parameters()), before[0])
+
+
+@distributed(2)
+def test_state_dict_is_full_and_positional() -> None:
+    """``optimizer.state_dict()`` holds full per-parameter states that a plain torch optimizer
+    over the model loads, and ``load_state_dict`` of it restores the partitions."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = TinyMLP()
+    reference = copy.deepcopy(model)
+    booster, boosted, opt = boost(model, precision="fp32", stage=2)
+    ref_opt = adamw(reference)
+    for x, y in make_classification_batches(2, GLOBAL_BATCH):
+        booster.backward(criterion(boosted(shard(x, rank, 2)), shard(y, rank, 2)), opt)
+        opt.step()
+        opt.zero_grad()
+        criterion(reference(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    state = opt.state_dict()
+    expected = ref_opt.state_dict()
+    assert state["param_groups"][0]["params"] == expected["param_groups"][0]["params"]
+    for index, ref_state in expected["state"].items():
+        for key, value in ref_state.items():
+            torch.testing.assert_close(state["state"][index][key], value, rtol=1e-5, atol=1e-6)
+    plain = adamw(copy.deepcopy(reference))
+    plain.load_state_dict(state)
+    before = [s.clone() for s in opt.optim.state[opt.master_params()[0]].values()]
+    opt.load_state_dict(state)
+    after = list(opt.optim.state[opt.master_params()[0]].values())
+    for a, b in zip(before, after, strict=True):
+        assert torch.equal(a, b)
