@@ -11,6 +11,7 @@ complete checkpoint stays as it was). A second SIGINT interrupts at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -159,8 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_worker(config, args.resume)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave()
+
+
+def _leave() -> None:
+    """Tear the process group down together: a rank that destroys its group while a peer still
+    works can die in gloo's destructors (seen as SIGABRT at exit)."""
+    if not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):  # a lost peer: nothing left to wait for
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
