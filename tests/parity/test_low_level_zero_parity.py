@@ -123,7 +123,7 @@ def train_both(
         grads = ref.backward(ref_loss)
         norms.append((norm, ref_clip(grads) if ref_clip is not None else 0.0))
         ref.step()
-        ref_losses.append(float(ref_loss))
+        ref_losses.append(ref_loss.item())
     return losses, ref_losses, unwrap_model(boosted), ref, norms
 
 
@@ -326,7 +326,7 @@ def test_gpt2_with_tied_embeddings(gpt2: Any) -> None:
             ref_loss = lm_loss(ref.model, ids)
             ref.backward(ref_loss)
             ref.step()
-            ref_losses.append(float(ref_loss))
+            ref_losses.append(ref_loss.item())
         loss_tol, param_tol = TOL[precision]
         torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
         assert_params_close(unwrap_model(boosted), ref.model, rtol=param_tol, atol=param_tol)
@@ -386,3 +386,31 @@ def test_state_dict_is_full_and_positional() -> None:
     after = list(opt.optim.state[opt.master_params()[0]].values())
     for a, b in zip(before, after, strict=True):
         assert torch.equal(a, b)
+
+
+@distributed(2)
+def test_fp32_communication_of_bf16_gradients() -> None:
+    """``communication_dtype=torch.float32`` with bf16 weights (stage 1 reduces a cast copy of
+    its flat buffer, stage 2 fp32 buckets), and ``verbose`` logging."""
+
+    @parameterize("stage", [1, 2])
+    def case(stage: int) -> None:
+        losses, ref_losses, trained, ref, _ = train_both(
+            2, "bf16", stage=stage, communication_dtype=torch.float32, verbose=True
+        )
+        loss_tol, param_tol = TOL["bf16"]
+        torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
+        assert_params_close(trained, ref.model, rtol=param_tol, atol=param_tol)
+
+    case()
+
+
+@distributed(2)
+def test_plain_loss_backward_is_refused_with_the_fix() -> None:
+    torch.manual_seed(0)
+    _, boosted, opt = boost(TinyMLP(), precision="fp32", stage=2)
+    loss = criterion(boosted(torch.randn(4, 16)), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(RuntimeError, match=r"booster\.backward\(loss, optimizer\)"):
+        loss.backward()
+    with pytest.raises(NotImplementedError, match=r"before booster\.boost"):
+        opt.add_param_group({"params": [nn.Parameter(torch.ones(1))]})
