@@ -45,6 +45,19 @@ class DPPluginBase(Plugin):
         self.dp_rank = dist.get_rank(dp_group)
         self.dp_size = dist.get_world_size(dp_group)
 
+    # The answers every data-parallel plugin shares; a plugin overrides the ones that differ.
+    def supported_devices(self) -> list[str]:
+        return ["cpu", "cuda"]
+
+    def control_device(self) -> bool:
+        return True
+
+    def support_no_sync(self) -> bool:
+        return True
+
+    def control_checkpoint_io(self) -> bool:
+        return True
+
     def prepare_dataloader(
         self,
         dataset: Dataset[Any],

@@ -199,22 +199,10 @@ class LowLevelZeroPlugin(DPPluginBase):
             weakref.WeakKeyDictionary()
         )
 
-    def supported_devices(self) -> list[str]:
-        return ["cpu", "cuda"]
-
     def supported_precisions(self) -> list[str]:
         return ["fp16", "bf16", "fp32"]
 
     def control_precision(self) -> bool:
-        return True
-
-    def control_device(self) -> bool:
-        return True
-
-    def support_no_sync(self) -> bool:
-        return True
-
-    def control_checkpoint_io(self) -> bool:
         return True
 
     def configure(

@@ -112,23 +112,11 @@ class TorchDDPPlugin(DPPluginBase):
         )
         super().__init__()
 
-    def supported_devices(self) -> list[str]:
-        return ["cpu", "cuda"]
-
     def supported_precisions(self) -> list[str]:
         return ["fp32", "fp16", "fp16_naive", "fp16_apex", "bf16"]
 
     def control_precision(self) -> bool:
         return False
-
-    def control_device(self) -> bool:
-        return True
-
-    def support_no_sync(self) -> bool:
-        return True
-
-    def control_checkpoint_io(self) -> bool:
-        return True
 
     def configure(
         self,

@@ -132,22 +132,10 @@ class TorchFSDPPlugin(DPPluginBase):
         self.dp_rank = self.mesh.mesh.flatten().tolist().index(self.rank)
         self.dp_size = self.mesh.mesh.numel()
 
-    def supported_devices(self) -> list[str]:
-        return ["cpu", "cuda"]
-
     def supported_precisions(self) -> list[str]:
         return ["fp32", "bf16", "fp16"]
 
     def control_precision(self) -> bool:
-        return True
-
-    def control_device(self) -> bool:
-        return True
-
-    def support_no_sync(self) -> bool:
-        return True
-
-    def control_checkpoint_io(self) -> bool:
         return True
 
     def configure(
