@@ -110,6 +110,17 @@ class CPUAdam(AdamBase):
             offloaded, names, self.state_dtype, self.nvme_offload_dir, offloader.DEFAULT_UNIT_BYTES
         )
 
+    def rebuild_offloader(self) -> None:
+        """Choose again which parameters' states go to disk, over the current param groups.
+
+        Needed after a wrapper re-points the groups at other tensors (Gemini's master shards):
+        the choice made at construction refers to the original parameters. Closes the old swap
+        file first; states held in it are not carried over (call before the first step).
+        """
+        if self._offloader is not None:
+            self._offloader.close()
+            self._offloader = self._make_offloader()
+
     @property
     def nvme_offloaded_bytes(self) -> int:
         """Bytes of optimizer states kept on disk (0 without NVMe offload)."""

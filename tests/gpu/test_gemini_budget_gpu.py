@@ -1,0 +1,114 @@
+"""Gemini's ``auto`` placement on a GPU: a device budget bounds the real peak allocation.
+
+Here device and host are different memories, so every placement decision is a real tensor move.
+A first run without a budget measures what keeping every chunk on the GPU costs; the second run
+gets a budget between the feasible minimum and that, so chunks must be evicted to the host. After
+the warm-up iteration, the CUDA caching allocator's peak allocation must stay within the budget,
+and the losses must equal the unbudgeted run's (moves change where bytes live, never their value).
+One process; a single-rank NCCL group, as under ``torchrun --nproc_per_node=1``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kolossos.testing import free_port
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+STEPS = 4
+BATCH, SEQ, VOCAB = 8, 128, 2048
+CHUNK = {"chunk_size": 256 * 1024}  # ~15 chunks of the ~3.7M parameters below
+
+
+@pytest.fixture
+def nccl_group() -> Iterator[None]:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=256, n_layer=4, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+def train(budget: int | None, **kwargs: Any) -> tuple[list[float], Any, dict[str, int]]:
+    """Train STEPS steps; return losses, the model and memory figures (bytes)."""
+    from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
+
+    torch.manual_seed(0)
+    gemini = GeminiDDP(
+        gpt2(),
+        chunk_config_dict=CHUNK,
+        mixed_precision=torch.float32,
+        placement_policy="auto",
+        device_memory_budget=budget,
+        **kwargs,
+    )
+    opt = GeminiOptimizer(torch.optim.AdamW(gemini.parameters(), lr=1e-3), gemini)
+    gen = torch.Generator().manual_seed(0)
+    losses, figures = [], {"resident": 0, "pinned": 0}
+    manager, policy = gemini.chunk_manager, gemini.policy
+    gather = manager.gather
+
+    def probed_gather(chunk: Any, async_op: bool = False) -> None:
+        gather(chunk, async_op)
+        gathered = sum(c.chunk_mem for c in manager.chunks if c.is_gathered)
+        figures["pinned"] = max(figures["pinned"], gathered + chunk.shard_mem)
+        figures["resident"] = max(figures["resident"], policy.device_resident_bytes())
+
+    manager.gather = probed_gather  # type: ignore[method-assign]
+    for step in range(STEPS):
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).cuda()
+        loss = gemini(input_ids=ids, labels=ids).loss
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if step == 0:  # warm-up done: the guarantee holds from here on
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+    torch.cuda.synchronize()
+    figures["peak"] = torch.cuda.max_memory_allocated()
+    return losses, gemini, figures
+
+
+@pytest.mark.usefixtures("nccl_group")
+def test_device_budget_bounds_the_peak_allocation() -> None:
+    free_losses, free, free_fig = train(None)
+    stats = free.policy.memstats
+    assert stats is not None and free.policy.stats.moves_to_host == 0
+    keep_all = free_fig["peak"]
+    del free
+    torch.cuda.empty_cache()
+    floor = free_fig["pinned"] + stats.max_non_model
+    assert floor < keep_all, (floor, keep_all)
+    budget = int((floor + keep_all) / 2 / 0.9)
+    warmup = max(0.0, 1.0 - 2 * free_fig["pinned"] / budget)
+    losses, gemini, fig = train(budget, warmup_non_model_data_ratio=warmup)
+    policy = gemini.policy
+    assert policy.stats.moves_to_host > 0 and policy.stats.bytes_to_host > 0
+    assert any(c.device_type == "cpu" for c in gemini.chunk_manager.chunks)
+    assert fig["peak"] <= budget, (fig["peak"], budget)
+    assert fig["resident"] < free_fig["resident"]
+    torch.testing.assert_close(losses, free_losses, rtol=1e-6, atol=1e-6)
