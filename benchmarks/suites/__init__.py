@@ -20,6 +20,7 @@ SUITES = {
     "deepspeed": "benchmarks.suites.deepspeed",
     "fsdp": "benchmarks.suites.fsdp",
     "pipeline": "benchmarks.suites.pipeline",
+    "tp": "benchmarks.suites.tp",
     "zero": "benchmarks.suites.zero",
 }
 

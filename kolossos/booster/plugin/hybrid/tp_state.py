@@ -1,0 +1,141 @@
+"""What the zero_stage-0 optimizers of :class:`HybridParallelPlugin` share: TP-aware gradient
+clipping and the per-parameter state interface its checkpoint IO talks to.
+
+The checkpoint interface is the one :class:`~kolossos.zero.low_level.LowLevelZeroOptimizer`
+already has (``groups``, ``param_name``, ``full_param``, ``load_full_param``,
+``full_param_states``, ``load_param_states``), so
+:class:`~kolossos.checkpoint_io.hybrid_parallel_checkpoint_io.HybridParallelCheckpointIO` treats
+both alike. "Full" there means full over the data-parallel group; the values are still this
+rank's tensor-parallel shard (the checkpoint IO gathers those).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.optim import Optimizer
+
+from kolossos.booster.plugin.hybrid.grad_norm import clip_coefficient, tp_global_norm
+from kolossos.booster.plugin.hybrid.sp_grads import all_reduce_coalesced
+from kolossos.nn.layer.parallel_1d.sharding import get_tp_spec, is_sequence_parallel
+
+__all__ = ["TPStateMixin", "comm_device"]
+
+
+def comm_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where small tensors must live to be all-reduced over ``group`` (the CPU for gloo)."""
+    if not dist.is_initialized() or "gloo" in str(dist.get_backend(group)).lower():
+        return torch.device("cpu")
+    from kolossos.accelerator import get_accelerator
+
+    return get_accelerator().get_current_device()
+
+
+class TPStateMixin:
+    """Clipping and checkpoint state of an optimizer over a tensor-parallel model (a mixin).
+
+    The host class sets ``optim``, ``groups`` (the model's parameters, group by group),
+    ``tp_group`` and implements :meth:`master_of`.
+    """
+
+    optim: Optimizer
+    groups: list[list[torch.Tensor]]
+    tp_group: dist.ProcessGroup | None
+    _names: dict[torch.Tensor, str]
+
+    def master_of(self, param: torch.Tensor) -> torch.Tensor:
+        """The tensor the wrapped optimizer steps for model parameter ``param``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ names
+    def set_param_names(self, names: nn.Module | Mapping[torch.Tensor, str]) -> None:
+        """Name the parameters (for name-keyed checkpoints), from the model or a mapping."""
+        if isinstance(names, nn.Module):
+            from kolossos.interface import unwrap_model
+
+            names = {p: n for n, p in unwrap_model(names).named_parameters()}
+        self._names = dict(names)
+
+    def param_name(self, param: torch.Tensor) -> str | None:
+        """The name given by :meth:`set_param_names`, if any."""
+        return self._names.get(param)
+
+    # ------------------------------------------------------------------ sequence parallelism
+    def _sum_sequence_parallel_grads(self) -> None:
+        """Sum the working gradients of sequence-parallel parameters over the TP group (once
+        per step, before unscaling and clipping; see :mod:`.sp_grads`)."""
+        grads = [
+            p.grad
+            for group in self.groups
+            for p in group
+            if p.grad is not None and is_sequence_parallel(p)
+        ]
+        all_reduce_coalesced(grads, self.tp_group, comm_device(self.tp_group))
+
+    # ------------------------------------------------------------------ clipping
+    def _clip_tp(self, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> torch.Tensor:
+        """Clip the masters' gradients to a global norm counting each element once."""
+        pairs = [(p, self.master_of(p)) for group in self.groups for p in group]
+        grads = [(m.grad, get_tp_spec(p) is not None) for p, m in pairs if m.grad is not None]
+        total = tp_global_norm(
+            [(g, sharded) for g, sharded in grads if g is not None],
+            float(norm_type),
+            self.tp_group,
+            device=comm_device(self.tp_group),
+        )
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(
+                f"the total norm of order {norm_type} of the gradients is non-finite; set "
+                "error_if_nonfinite=False to clip anyway."
+            )
+        coef = clip_coefficient(max_norm, total)
+        for grad, _ in grads:
+            if grad is not None:
+                grad.mul_(coef.to(grad.device))
+        return total
+
+    # ------------------------------------------------------------------ checkpoint state
+    def full_param(self, param: torch.Tensor, dst: int | None = None) -> torch.Tensor:
+        """This rank's TP shard of ``param`` at master precision (no communication: data-
+        parallel ranks hold the same values)."""
+        return self.master_of(param).detach()
+
+    @torch.no_grad()
+    def load_full_param(self, param: torch.Tensor, value: torch.Tensor) -> None:
+        """Set ``param`` (in its dtype) and its master (at full precision) from ``value``."""
+        param.copy_(value.reshape(param.shape))
+        master = self.master_of(param)
+        if master is not param:
+            master.copy_(value.reshape(master.shape))
+
+    def full_param_states(
+        self, dst: int | None = None
+    ) -> Iterator[tuple[int, int, dict[str, Any]]]:
+        """Yield ``(group, index, state)`` for every parameter with optimizer state."""
+        for g, group in enumerate(self.groups):
+            for i, param in enumerate(group):
+                state = self.optim.state.get(self.master_of(param))
+                if state:
+                    yield g, i, dict(state)
+
+    def load_param_states(self, items: Iterable[tuple[int, int, Mapping[str, Any]]]) -> None:
+        """Replace the optimizer state by ``(group, index, state)`` items (values with the
+        parameter's shape must be this rank's shard)."""
+        self.optim.state.clear()
+        for g, i, state in items:
+            master = self.master_of(self.groups[g][i])
+            self.optim.state[master] = {
+                key: _like_master(value, master, key) for key, value in state.items()
+            }
+
+
+def _like_master(value: Any, master: torch.Tensor, key: str) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    if key != "step" and value.shape == master.shape and value.is_floating_point():
+        return value.to(device=master.device, dtype=master.dtype, copy=True)
+    return value.clone()

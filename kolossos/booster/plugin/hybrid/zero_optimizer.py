@@ -1,0 +1,113 @@
+"""``HybridZeroOptimizer``: LowLevelZero (ZeRO-1/2) over the data-parallel axis of a
+tensor-parallel model.
+
+Each data-parallel group holds one TP shard of the model, so the flat buffers, partitions and
+gradient reduction of :class:`~kolossos.zero.low_level.LowLevelZeroOptimizer` work unchanged
+inside it. Two decisions need the other TP ranks too:
+
+* the gradient norm: each rank's partition mixes TP-sharded parameters (summed over the TP
+  group) and replicated ones (counted once), see
+  :mod:`~kolossos.booster.plugin.hybrid.grad_norm`;
+* the fp16 overflow: TP ranks hold different gradients, and all of them must skip together;
+* the gradients of sequence-parallel parameters, summed over the TP group on the partitions
+  (one all-reduce per step, see :mod:`~kolossos.booster.plugin.hybrid.sp_grads`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim import Optimizer
+
+from kolossos.amp import all_reduce_overflow
+from kolossos.booster.plugin.hybrid.grad_norm import clip_coefficient, tp_global_norm
+from kolossos.booster.plugin.hybrid.sp_grads import all_reduce_coalesced
+from kolossos.booster.plugin.hybrid.tp_state import comm_device
+from kolossos.interface.optimizer import _check_clip
+from kolossos.nn.layer.parallel_1d.sharding import get_tp_spec, is_sequence_parallel
+from kolossos.zero.low_level import LowLevelZeroOptimizer
+from kolossos.zero.low_level.options import check_norm_type
+from kolossos.zero.low_level.state_io import local_piece
+
+__all__ = ["HybridZeroOptimizer"]
+
+
+class HybridZeroOptimizer(LowLevelZeroOptimizer):
+    """ZeRO-1/2 over ``dp_process_group`` with TP-aware clipping and overflow agreement.
+
+    Args:
+        optimizer: the optimizer over the sharded model's parameters.
+        tp_group: the tensor-parallel group.
+        **kwargs: :class:`~kolossos.zero.low_level.LowLevelZeroOptimizer`'s arguments
+            (``dp_process_group`` included).
+    """
+
+    def __init__(
+        self, optimizer: Optimizer, tp_group: dist.ProcessGroup | None, **kwargs: Any
+    ) -> None:
+        self.tp_group = tp_group
+        super().__init__(optimizer, **kwargs)
+
+    def _tp_active(self) -> bool:
+        return self.tp_group is not None and dist.get_world_size(self.tp_group) > 1
+
+    def _prepare(self) -> tuple[list[torch.Tensor | None], bool]:
+        if self._prepared is not None:
+            return self._prepared
+        grads, found_inf = super()._prepare()
+        if self._tp_active():
+            if self.scaler is not None:
+                found_inf = all_reduce_overflow(found_inf, self.tp_group)  # SYNC POINT
+            if not found_inf:
+                pieces = [g for g, sharded in self._pieces(grads, sequence_parallel=True)]
+                all_reduce_coalesced(pieces, self.tp_group, comm_device(self.tp_group))
+            self._prepared = (grads, found_inf)
+        return grads, found_inf
+
+    def _pieces(
+        self, grads: list[torch.Tensor | None], sequence_parallel: bool = False
+    ) -> list[tuple[torch.Tensor, bool]]:
+        """This rank's gradient partition cut per parameter, each tagged TP-sharded or not
+        (``sequence_parallel``: only the pieces of sequence-parallel parameters)."""
+        pieces = []
+        for g, (grad, layout) in enumerate(zip(grads, self.layouts, strict=True)):
+            if grad is None:
+                continue
+            for span, param in zip(layout.spans, self.groups[g], strict=True):
+                piece = local_piece(layout, self.comm.rank, span)
+                if piece is None or (sequence_parallel and not is_sequence_parallel(param)):
+                    continue
+                at, _, n = piece
+                pieces.append((grad[at : at + n], get_tp_spec(param) is not None))
+        return pieces
+
+    def clip_grad_by_norm(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> torch.Tensor:
+        """Scale the gradient partitions so the whole model's ``norm_type``-norm (all TP
+        shards, all partitions) is at most ``max_norm``; returns the norm before clipping
+        (``inf`` when an fp16 overflow will skip the step)."""
+        _check_clip(max_norm, "max_norm")
+        norm_type = check_norm_type(norm_type)
+        grads, found_inf = self._prepare()
+        if found_inf:
+            return torch.tensor(float("inf"))
+        total = tp_global_norm(
+            self._pieces(grads),
+            norm_type,
+            self.tp_group,
+            dp_group=self.comm.group,
+            device=comm_device(self.comm.group),
+        )
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(
+                f"the total norm of order {norm_type} of the gradients is non-finite; set "
+                "error_if_nonfinite=False to clip anyway."
+            )
+        coef = clip_coefficient(max_norm, total)
+        for grad in grads:
+            if grad is not None:
+                grad.mul_(coef.to(grad.device))
+        return total
