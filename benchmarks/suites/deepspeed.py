@@ -1,5 +1,5 @@
 """DeepSpeed suite: DeepSpeed ZeRO-1/2/3 (``DS_ACCELERATOR=cpu`` on gloo here) beside torch DDP and
-FSDP2, and kolossos' ZeRO plugins once they land (reported as skipped until then).
+FSDP2, and kolossos' ZeRO plugins (LowLevelZeroPlugin stages 1/2, GeminiPlugin).
 
 DeepSpeed is optional: install it with ``bash benchmarks/setup_deepspeed.sh`` (a separate
 ``.venv-bench`` sharing the project's packages); the runner then delegates this suite to that
@@ -103,11 +103,23 @@ class KolossosZero(KolossosBoosted):
 
 
 class KolossosGemini(KolossosBoosted):
-    """kolossos' ``GeminiPlugin`` (chunk-based ZeRO-3), skipped until it lands."""
+    """kolossos' ``GeminiPlugin`` (chunk-based ZeRO-3): static placement, everything on the
+    device and sharded, Colossal-AI's chunk search. Its working precision follows the job:
+    ``fp32``, or ``bf16`` weights with fp32 masters under ``--precision bf16`` (the baselines'
+    bf16 is autocast over fp32 weights)."""
 
     name, strategy, plugin_class = "kolossos-gemini", "zero3", "GeminiPlugin"
-    counterpart = "deepspeed-zero3"
-    description = "Booster(plugin=GeminiPlugin())"
+    description = "Booster(plugin=GeminiPlugin(precision=<job's>))"
+
+    def __init__(self, counterpart: str = "deepspeed-zero3") -> None:
+        self.counterpart = counterpart
+
+    def precision_bytes(self, ctx: Context) -> PrecisionBytes:
+        return precision_bytes("mixed" if ctx.precision == "bf16" else "fp32")
+
+    def setup(self, model: nn.Module, ctx: Context) -> Setup:
+        self.plugin_kwargs = {"precision": ctx.precision}
+        return super().setup(model, ctx)
 
 
 def _contenders() -> dict[str, Contender]:
@@ -120,7 +132,7 @@ def _contenders() -> dict[str, Contender]:
 
 SUITE = Suite(
     name="deepspeed",
-    description="DeepSpeed ZeRO-1/2/3 vs torch DDP and FSDP2 (and kolossos ZeRO when it lands)",
+    description="DeepSpeed ZeRO-1/2/3 vs torch DDP and FSDP2, and kolossos ZeRO-1/2 and Gemini",
     contenders=_contenders,
     references=("torch-ddp", "deepspeed-zero2"),
     needs="deepspeed",

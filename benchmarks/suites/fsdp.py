@@ -1,5 +1,6 @@
 """FSDP suite: kolossos' ``TorchFSDPPlugin`` against raw FSDP2 on the same units, precision and
-optimizer. Goal (FSDP issue): kolossos-fsdp / fsdp2 >= 0.98.
+optimizer. Goal (FSDP issue): kolossos-fsdp / fsdp2 >= 0.98. kolossos' other ZeRO-3 engine,
+``GeminiPlugin`` (chunks instead of FSDP units), runs beside them, compared to ``fsdp2`` too.
 
 Both contenders call ``fully_shard`` on exactly the same submodules (the model's blocks or
 stages, :func:`benchmarks.models.shard_units`) and then on the root, so the ratio measures what
@@ -75,13 +76,20 @@ class KolossosFSDP(KolossosBoosted):
 
 
 def _contenders() -> dict[str, Contender]:
-    rows: list[Contender] = [RawFSDP2(), KolossosFSDP(), native_contenders()["torch-ddp"]]
+    from benchmarks.suites.deepspeed import KolossosGemini
+
+    rows: list[Contender] = [
+        RawFSDP2(),
+        KolossosFSDP(),
+        KolossosGemini(counterpart="fsdp2"),
+        native_contenders()["torch-ddp"],
+    ]
     return {c.name: c for c in rows}
 
 
 SUITE = Suite(
     name="fsdp",
-    description="TorchFSDPPlugin vs raw FSDP2 on the same units (and torch DDP)",
+    description="TorchFSDPPlugin and GeminiPlugin vs raw FSDP2 on the same units (and torch DDP)",
     contenders=_contenders,
     references=("fsdp2", "torch-ddp"),
     preimport=("torch.nn.parallel", "torch.distributed.fsdp", "kolossos.booster"),

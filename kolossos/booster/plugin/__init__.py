@@ -7,6 +7,7 @@ a new plugin registers itself here and is then usable everywhere by name.
 from __future__ import annotations
 
 from kolossos.booster.plugin.dp_plugin_base import DPPluginBase
+from kolossos.booster.plugin.gemini_plugin import GeminiPlugin
 from kolossos.booster.plugin.hybrid_parallel_plugin import HybridParallelPlugin
 from kolossos.booster.plugin.low_level_zero_plugin import LowLevelZeroPlugin
 from kolossos.booster.plugin.plugin_base import Plugin
@@ -17,6 +18,7 @@ PLUGINS: dict[str, type[Plugin]] = {
     "torch_ddp": TorchDDPPlugin,
     "torch_fsdp": TorchFSDPPlugin,
     "low_level_zero": LowLevelZeroPlugin,
+    "gemini": GeminiPlugin,
     "hybrid_parallel": HybridParallelPlugin,
 }
 
@@ -35,6 +37,7 @@ def get_plugin_class(name: str) -> type[Plugin]:
 __all__ = [
     "PLUGINS",
     "DPPluginBase",
+    "GeminiPlugin",
     "HybridParallelPlugin",
     "LowLevelZeroPlugin",
     "Plugin",

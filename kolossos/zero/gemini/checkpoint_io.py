@@ -1,0 +1,140 @@
+"""``GeminiCheckpointIO``: portable checkpoints of Gemini (chunk-based ZeRO-3) models and
+optimizers.
+
+* **Model**: Hugging Face's layouts (``docs/checkpoint.md``). The full tensors are gathered
+  chunk by chunk (:meth:`GeminiDDP.named_full_tensors`, a collective): at most one chunk's
+  parameters exist in full at a time, and the writer (data-parallel rank 0) plans and writes
+  shard files as the tensors arrive, so no rank ever holds the whole model when the model is
+  sharded. Parameters come from their fp32 masters when the optimizer keeps some, so a resumed
+  run continues exactly and other plugins load full-precision weights. Tied weights are stored
+  once, under their first name.
+* **Optimizer**: the name-keyed format (version 1). Each parameter's states are gathered chunk
+  by chunk (:meth:`GeminiOptimizer.full_state_items`) and written as they come; on load every
+  rank keeps its slice of each full state (:meth:`GeminiOptimizer.load_full_states`). Checkpoints
+  therefore move between world sizes and to and from ``LowLevelZeroPlugin``, ``TorchDDPPlugin``
+  and a single process, as long as the wrapped optimizer is of the same kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from kolossos.checkpoint_io import CheckpointIO
+from kolossos.checkpoint_io.errors import CheckpointError
+from kolossos.checkpoint_io.optim_format import to_torch_state_dict
+from kolossos.checkpoint_io.param_names import unwrap_optimizer
+from kolossos.checkpoint_io.state_check import ModelLayout
+from kolossos.zero.gemini.gemini_ddp import GeminiDDP
+from kolossos.zero.gemini.gemini_optimizer import GeminiOptimizer
+
+__all__ = ["GeminiCheckpointIO"]
+
+
+def _ddp(model: nn.Module) -> GeminiDDP:
+    if not isinstance(model, GeminiDDP):
+        raise TypeError(
+            "GeminiCheckpointIO saves and loads the model returned by booster.boost with "
+            f"GeminiPlugin (a GeminiDDP), got {type(model).__name__}."
+        )
+    return model
+
+
+def _gemini(optimizer: Any) -> GeminiOptimizer:
+    if not isinstance(optimizer, GeminiOptimizer):
+        raise TypeError(
+            "GeminiCheckpointIO saves and loads the optimizer returned by booster.boost with "
+            f"GeminiPlugin (a GeminiOptimizer), got {type(optimizer).__name__}."
+        )
+    return optimizer
+
+
+class GeminiCheckpointIO(CheckpointIO):
+    """Checkpoint IO of :class:`~kolossos.booster.plugin.GeminiPlugin` (module doc).
+
+    Args:
+        process_group: the data-parallel group (its rank 0 writes).
+    """
+
+    # ------------------------------------------------------------------ model
+    def model_state_items(
+        self, model: nn.Module, gather_dtensor: bool
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full state, chunk by chunk (every rank takes part in each gather)."""
+        if not gather_dtensor:
+            raise NotImplementedError(
+                "gather_dtensor=False (each rank writing its own chunk shards) is not supported "
+                "by GeminiCheckpointIO; save with gather_dtensor=True (the default)."
+            )
+        yield from _ddp(model).named_full_tensors()
+
+    def model_layout(self, model: nn.Module) -> ModelLayout:
+        """Global shapes of every state-dict name (tied names included) and the tied names."""
+        ddp = _ddp(model)
+        return ModelLayout(dict(ddp.full_shapes()), dict(ddp.tied_aliases()))
+
+    def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
+        """Each rank copies its slice of every tensor into its chunk shards (no communication)."""
+        ddp = _ddp(model)
+        aliases = ddp.tied_aliases()
+        items = {aliases.get(name, name): tensor for name, tensor in piece.items()}
+        consumed = ddp.load_full_tensors(items.items())
+        left = sorted(set(items) - set(consumed))
+        if left:
+            raise CheckpointError(
+                f"GeminiDDP did not take {len(left)} checkpoint tensors (e.g. {left[0]!r}) "
+                "although the model lists them"
+            )
+
+    # ------------------------------------------------------------------ optimizer
+    def optimizer_param_names(self, optimizer: Any) -> list[list[str]]:
+        """The state-dict name of each parameter of the user's optimizer, group by group."""
+        return [list(group) for group in _gemini(optimizer).param_names()]
+
+    def optimizer_param_shapes(
+        self, optimizer: Any, names: list[list[str]]
+    ) -> dict[str, tuple[int, ...]]:
+        """The parameters' global shapes."""
+        shapes = _gemini(optimizer).module.full_shapes()
+        return {name: tuple(shapes[name]) for group in names for name in group}
+
+    def optimizer_param_groups(
+        self, optimizer: Any, names: list[list[str]]
+    ) -> list[dict[str, Any]]:
+        """Each group's hyper-parameters, with its parameters' names."""
+        groups = []
+        for group, group_names in zip(unwrap_optimizer(optimizer).param_groups, names, strict=True):
+            entry = {k: v for k, v in group.items() if k != "params"}
+            entry["params"] = list(group_names)
+            groups.append(entry)
+        return groups
+
+    def optimizer_state_items(
+        self, optimizer: Any, names: list[list[str]], gather_dtensor: bool
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Each parameter's full states, gathered chunk by chunk (a collective)."""
+        if not gather_dtensor:
+            raise NotImplementedError(
+                "gather_dtensor=False is not supported by GeminiCheckpointIO; save with "
+                "gather_dtensor=True (the default)."
+            )
+        yield from _gemini(optimizer).full_state_items()
+
+    def load_optimizer_state(
+        self,
+        optimizer: Any,
+        names: list[list[str]],
+        header: dict[str, Any],
+        states: Iterator[tuple[str, dict[str, Any]]],
+        mapping: dict[str, str],
+    ) -> None:
+        """Hyper-parameters per group (from the saved group holding its parameters), then each
+        parameter's full states, of which every rank keeps its slice, as they stream in."""
+        opt = _gemini(optimizer)
+        hyper = to_torch_state_dict(names, header, iter(()), mapping)["param_groups"]
+        for group, saved in zip(unwrap_optimizer(opt).param_groups, hyper, strict=True):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        opt.load_full_states((mapping[name], state) for name, state in states if name in mapping)
