@@ -1,0 +1,221 @@
+"""Splitting a model's layers into pipeline stages: uniformly by layer count, balanced by
+parameter count, or by an explicit number of layers per stage (pure functions), and
+:func:`build_pipeline_model`, which keeps this rank's layers of an ``nn.Sequential``.
+
+Stages are contiguous ranges ``(start, end)`` of layer indices, ``end`` exclusive, in data-flow
+order; :mod:`kolossos.pipeline.layout` says which ``(rank, chunk)`` holds each.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch.nn as nn
+
+from kolossos.pipeline import layout as _layout
+
+Bounds = list[tuple[int, int]]
+METHODS = ("uniform", "balanced")
+
+
+def _stages(pipeline_size: int, num_chunks: int, layout: str, num_layers: int) -> int:
+    _layout.check_layout(pipeline_size, num_chunks, layout)
+    stages = pipeline_size * num_chunks
+    if num_layers < stages:
+        raise ValueError(
+            f"{num_layers} layers cannot fill {stages} stages ({pipeline_size} ranks x "
+            f"{num_chunks} chunks): every stage needs at least one layer; use fewer ranks or "
+            "chunks, or split the model into more layers."
+        )
+    return stages
+
+
+def uniform_bounds(num_layers: int, num_stages: int) -> Bounds:
+    """``num_stages`` contiguous ranges whose sizes differ by at most one (the last stages take
+    the extra layers)."""
+    base, extra = divmod(num_layers, num_stages)
+    bounds, start = [], 0
+    for s in range(num_stages):
+        size = base + (1 if s >= num_stages - extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def balanced_bounds(weights: Sequence[float], num_stages: int) -> Bounds:
+    """Contiguous ranges minimising the heaviest stage's total weight (e.g. parameter counts);
+    ties go to the split with the most even layer counts. Every stage gets at least one layer.
+
+    Dynamic programming over (layers, stages): ``O(stages * layers^2)``, instant for models with
+    up to thousands of layers.
+    """
+    n = len(weights)
+    if num_stages < 1 or n < num_stages:
+        raise ValueError(f"{n} layers cannot fill {num_stages} stages (one layer each at least).")
+    prefix = [0.0]
+    for w in weights:
+        if w < 0:
+            raise ValueError(f"layer weights must be >= 0, got {w}.")
+        prefix.append(prefix[-1] + float(w))
+    inf = (float("inf"), float("inf"))
+    # best[k][i]: (max stage weight, max stage length) splitting layers [0, i) into k stages
+    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
+    best[0][0] = (0.0, 0)
+    for k in range(1, num_stages + 1):
+        for i in range(k, n - (num_stages - k) + 1):
+            for j in range(k - 1, i):
+                prev = best[k - 1][j]
+                cand = (max(prev[0], prefix[i] - prefix[j]), max(prev[1], i - j))
+                if cand < best[k][i]:
+                    best[k][i], cut[k][i] = cand, j
+    bounds, end = [], n
+    for k in range(num_stages, 0, -1):
+        start = cut[k][end]
+        bounds.append((start, end))
+        end = start
+    return bounds[::-1]
+
+
+def bounds_from_counts(layers_per_stage: Sequence[int], num_layers: int) -> Bounds:
+    """Ranges from an explicit number of layers per stage.
+
+    Raises:
+        ValueError: a count below 1, or counts that do not add up to ``num_layers``.
+    """
+    if any(c < 1 for c in layers_per_stage) or sum(layers_per_stage) != num_layers:
+        raise ValueError(
+            f"layers_per_stage={list(layers_per_stage)} must be positive and sum to the "
+            f"{num_layers} layers of the model."
+        )
+    bounds, start = [], 0
+    for count in layers_per_stage:
+        bounds.append((start, start + count))
+        start += count
+    return bounds
+
+
+def per_rank(bounds: Bounds, pipeline_size: int, num_chunks: int, layout: str) -> list[Bounds]:
+    """Regroup stage ranges by rank: ``out[r][c]`` is the range of chunk ``c`` on rank ``r``."""
+    out: list[Bounds] = [[(0, 0)] * num_chunks for _ in range(pipeline_size)]
+    for stage, rng in enumerate(bounds):
+        rank, chunk = _layout.owner_of(stage, pipeline_size, num_chunks, layout)
+        out[rank][chunk] = rng
+    return out
+
+
+def partition_uniform(
+    num_layers: int, pipeline_size: int, num_chunks: int = 1, layout: str = "loop"
+) -> list[Bounds]:
+    """Per rank, the ``(start, end)`` layer range (``end`` exclusive) of each of its chunks, from
+    a uniform split. ``start == 0`` marks the first stage and ``end == num_layers`` the last.
+
+    Example:
+        >>> partition_uniform(8, 2, 2)
+        [[(0, 2), (4, 6)], [(2, 4), (6, 8)]]
+    """
+    stages = _stages(pipeline_size, num_chunks, layout, num_layers)
+    return per_rank(uniform_bounds(num_layers, stages), pipeline_size, num_chunks, layout)
+
+
+def partition_balanced(
+    weights: Sequence[float], pipeline_size: int, num_chunks: int = 1, layout: str = "loop"
+) -> list[Bounds]:
+    """Like :func:`partition_uniform`, balancing the summed ``weights`` (one per layer, e.g. its
+    parameter count) instead of the layer counts."""
+    stages = _stages(pipeline_size, num_chunks, layout, len(weights))
+    return per_rank(balanced_bounds(weights, stages), pipeline_size, num_chunks, layout)
+
+
+def partition_layers(
+    layers: Sequence[nn.Module],
+    pipeline_size: int,
+    num_chunks: int = 1,
+    *,
+    method: str = "uniform",
+    layers_per_stage: Sequence[int] | None = None,
+    layout: str = "loop",
+) -> list[Bounds]:
+    """Per-rank chunk ranges of a list of layers: ``layers_per_stage`` when given (one count per
+    stage, in data-flow order), otherwise ``method`` (``uniform`` by layers, ``balanced`` by
+    parameter count).
+
+    Raises:
+        ValueError: an unknown method, or counts that do not fit the model.
+    """
+    n = len(layers)
+    stages = _stages(pipeline_size, num_chunks, layout, n)
+    if layers_per_stage is not None:
+        if len(layers_per_stage) != stages:
+            raise ValueError(
+                f"layers_per_stage has {len(layers_per_stage)} entries for {stages} stages; give "
+                "one count per stage (pipeline size x chunks)."
+            )
+        bounds = bounds_from_counts(layers_per_stage, n)
+    elif method == "uniform":
+        bounds = uniform_bounds(n, stages)
+    elif method == "balanced":
+        weights = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+        bounds = balanced_bounds(weights, stages)
+    else:
+        raise ValueError(f"method={method!r} is unknown; choose one of {METHODS}.")
+    return per_rank(bounds, pipeline_size, num_chunks, layout)
+
+
+def _named_layers(model: nn.Module | Sequence[nn.Module]) -> list[tuple[str, nn.Module]]:
+    if isinstance(model, (nn.Sequential, nn.ModuleList)):
+        return list(model.named_children())
+    if isinstance(model, Sequence) and all(isinstance(m, nn.Module) for m in model):
+        return [(str(i), m) for i, m in enumerate(model)]
+    raise TypeError(
+        f"build_pipeline_model takes an nn.Sequential or a list of layers, got "
+        f"{type(model).__name__}; wrap the model's layers in nn.Sequential(...)."
+    )
+
+
+def build_pipeline_model(
+    sequential_model: nn.Module | Sequence[nn.Module],
+    num_chunks: int = 1,
+    verbose: bool = False,
+    *,
+    stage_manager: object | None = None,
+    method: str = "uniform",
+    layers_per_stage: Sequence[int] | None = None,
+) -> nn.Module:
+    """Keep this pipeline rank's layers of ``sequential_model``.
+
+    Args:
+        sequential_model: an ``nn.Sequential`` (or a list of layers) of the whole model.
+        num_chunks: model chunks per rank (interleaved schedules).
+        verbose: log each rank's layer ranges.
+        stage_manager: a :class:`~kolossos.pipeline.PipelineStageManager`; default: every process
+            of the job is one pipeline stage (one process without torch.distributed).
+        method: ``uniform`` (by layers) or ``balanced`` (by parameter count).
+        layers_per_stage: explicit layer counts per stage (overrides ``method``).
+
+    Returns:
+        With one chunk, an ``nn.Sequential`` of this rank's layers (keeping their names, so its
+        ``state_dict`` keys match the full model's); otherwise an ``nn.ModuleList`` of them.
+    """
+    from kolossos.pipeline.stage_manager import PipelineStageManager
+
+    layers = _named_layers(sequential_model)
+    if stage_manager is None:
+        stage_manager = PipelineStageManager.default(num_model_chunks=num_chunks)
+    assert isinstance(stage_manager, PipelineStageManager)
+    if stage_manager.num_model_chunks != num_chunks:
+        raise ValueError(
+            f"num_chunks={num_chunks} differs from the stage manager's num_model_chunks="
+            f"{stage_manager.num_model_chunks}; pass the same value to both."
+        )
+    parts = partition_layers([m for _, m in layers], stage_manager.pp_size, num_chunks,
+                             method=method, layers_per_stage=layers_per_stage,
+                             layout=stage_manager.layout)[stage_manager.stage]  # fmt: skip
+    chunks = [nn.Sequential(OrderedDict(layers[start:end])) for start, end in parts]
+    if verbose:
+        from kolossos.logging import get_dist_logger
+
+        ranges = ", ".join(f"chunk {c}: layers {s}-{e}" for c, (s, e) in enumerate(parts))
+        get_dist_logger().info(f"pipeline rank {stage_manager.stage}: {ranges}")
+    return chunks[0] if num_chunks == 1 else nn.ModuleList(chunks)

@@ -1,0 +1,222 @@
+"""``PipelineSchedule``: the runner a plugin calls once per training step.
+
+A schedule is a table builder (a pure function, see :mod:`~kolossos.pipeline.schedule.tables`
+and :mod:`~kolossos.pipeline.schedule.zero_bubble`) plus the shared executor. Subclasses only
+name their table and the chunk layout they need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+from kolossos.pipeline.p2p import PipelineP2P
+from kolossos.pipeline.schedule.executor import ScheduleExecutor, StepStats
+from kolossos.pipeline.schedule.microbatch import merge_outputs, split_batch
+from kolossos.pipeline.schedule.table import ScheduleTable, validate_table
+from kolossos.pipeline.shared import stash_shared_gradients, sync_shared_gradients
+from kolossos.pipeline.stage_manager import PipelineStageManager
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """How a step is cut into micro-batches and how stages exchange tensors."""
+
+    num_microbatches: int | None = None
+    """micro-batches per step (give this or ``microbatch_size``)"""
+    microbatch_size: int | None = None
+    """samples per micro-batch (the count follows from the batch size)"""
+    tensor_shape: tuple[int, ...] | None = None
+    """fixed shape of every inter-stage activation (the docs' ``TENSOR_SHAPE``): no shape
+    exchange at all; ``None`` negotiates shapes"""
+    tensor_dtype: torch.dtype = torch.float32
+    """dtype of fixed-shape activations"""
+    enable_metadata_cache: bool = True
+    """exchange each activation stream's shapes once (``False``: with every message, for shapes
+    that change between micro-batches)"""
+
+    def __post_init__(self) -> None:
+        if (self.num_microbatches is None) == (self.microbatch_size is None):
+            raise ValueError(
+                f"give exactly one of num_microbatches={self.num_microbatches} and "
+                f"microbatch_size={self.microbatch_size}."
+            )
+        for name in ("num_microbatches", "microbatch_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r} must be a positive int.")
+        if self.tensor_shape is not None and any(d < 1 for d in self.tensor_shape):
+            raise ValueError(f"tensor_shape={self.tensor_shape} must have positive sizes.")
+
+
+class PipelineSchedule:
+    """Runs forward and backward of all micro-batches of a step over the pipeline.
+
+    Args:
+        stage_manager: this rank's place in the pipeline (its chunk count and layout must suit
+            the schedule).
+        num_microbatches: micro-batches per step (or ``microbatch_size``).
+        microbatch_size: samples per micro-batch.
+        tensor_shape: fixed inter-stage activation shape (no shape exchange).
+        tensor_dtype: dtype of those activations.
+        enable_metadata_cache: exchange shapes once per stream.
+    """
+
+    name: ClassVar[str] = ""
+    layout: ClassVar[str] = "loop"
+    split_backward: ClassVar[bool] = False
+    """whether the tables split the backward into ``B`` and ``W``"""
+
+    def __init__(
+        self,
+        stage_manager: PipelineStageManager,
+        num_microbatches: int | None = None,
+        microbatch_size: int | None = None,
+        *,
+        tensor_shape: Sequence[int] | None = None,
+        tensor_dtype: torch.dtype = torch.float32,
+        enable_metadata_cache: bool = True,
+    ) -> None:
+        self.config = ScheduleConfig(
+            num_microbatches=num_microbatches,
+            microbatch_size=microbatch_size,
+            tensor_shape=tuple(tensor_shape) if tensor_shape is not None else None,
+            tensor_dtype=tensor_dtype,
+            enable_metadata_cache=enable_metadata_cache,
+        )
+        self.stage_manager = stage_manager
+        self._check_manager()
+        self._p2p: PipelineP2P | None = None
+        self._tables: dict[int, ScheduleTable] = {}
+        self.last_stats: StepStats | None = None
+        """the executor's measurements of the latest step on this rank"""
+
+    @property
+    def num_model_chunks(self) -> int:
+        """Chunks per rank this schedule runs."""
+        return self.stage_manager.num_model_chunks
+
+    def _check_manager(self) -> None:
+        sm = self.stage_manager
+        if sm.layout != self.layout:
+            raise ValueError(
+                f"{type(self).__name__} places chunks in the {self.layout!r} layout but the stage "
+                f"manager uses {sm.layout!r}; create it with layout={self.layout!r}."
+            )
+
+    def build_table(self, num_microbatches: int) -> ScheduleTable:
+        """The schedule's table for ``num_microbatches`` (pure; subclasses implement it)."""
+        raise NotImplementedError
+
+    def table(self, num_microbatches: int) -> ScheduleTable:
+        """The validated table (cached per micro-batch count)."""
+        if num_microbatches not in self._tables:
+            table = self.build_table(num_microbatches)
+            validate_table(table)
+            sm = self.stage_manager
+            if (table.pp_size, table.num_chunks, table.layout) != (
+                sm.pp_size,
+                sm.num_model_chunks,
+                sm.layout,
+            ):
+                raise ValueError(
+                    f"{table.name} needs {table.num_chunks} chunk(s) on {table.pp_size} ranks in "
+                    f"the {table.layout!r} layout; the stage manager has {sm.num_model_chunks} on "
+                    f"{sm.pp_size} in {sm.layout!r}: build the stage manager to match."
+                )
+            self._tables[num_microbatches] = table
+        return self._tables[num_microbatches]
+
+    def _chunks(self, model_chunks: nn.Module | Sequence[nn.Module]) -> list[nn.Module]:
+        if isinstance(model_chunks, nn.ModuleList):
+            chunks = list(model_chunks)
+        elif isinstance(model_chunks, nn.Module):
+            chunks = [model_chunks]
+        else:
+            chunks = list(model_chunks)
+        if len(chunks) != self.num_model_chunks:
+            raise ValueError(
+                f"{type(self).__name__} runs {self.num_model_chunks} model chunk(s) per rank, got "
+                f"{len(chunks)}; pass one module per chunk (an nn.ModuleList for several)."
+            )
+        return chunks
+
+    def _check_optimizer(self, optimizer: Any) -> None:
+        """Split backwards run autograd directly; an optimizer that rewrites the backward (loss
+        scaling, gradient partitioning) would be bypassed."""
+        if optimizer is None or not self.split_backward:
+            return
+        from kolossos.interface.optimizer import OptimizerWrapper
+
+        for name in ("backward", "backward_by_grad"):
+            impl = getattr(type(optimizer), name, None)
+            if impl is not None and impl is not getattr(OptimizerWrapper, name):
+                raise NotImplementedError(
+                    f"{type(self).__name__} splits the backward and cannot route it through "
+                    f"{type(optimizer).__name__}.{name}; use the 1f1b or interleaved schedule "
+                    "with this optimizer, or pass optimizer=None."
+                )
+
+    def forward_backward_step(
+        self,
+        model_chunks: nn.Module | Sequence[nn.Module],
+        data_iter: Iterator[Any],
+        criterion: Callable[..., torch.Tensor],
+        optimizer: Any = None,
+        return_loss: bool = True,
+        return_outputs: bool = False,
+    ) -> dict[str, Any]:
+        """Forward and backward of one batch from ``data_iter`` over all micro-batches.
+
+        Every rank of the pipeline calls this with its own chunks and the same data (only the
+        first stage reads the inputs and only the last the targets). Gradients accumulate in
+        ``.grad`` (already divided by the micro-batch count, so a mean-reduced criterion gives
+        the full batch's gradient); the caller steps the optimizer.
+
+        Args:
+            model_chunks: this rank's chunk (a module) or chunks (a list / ``nn.ModuleList``).
+            data_iter: yields one batch per call (see :mod:`~kolossos.pipeline.schedule.microbatch`
+                for the accepted forms).
+            criterion: ``criterion(output, target)``, evaluated on the last stage only.
+            optimizer: optional wrapper whose ``backward`` / ``backward_by_grad`` run the
+                unsplit backward passes.
+            return_loss: report the loss (mean over micro-batches) on the last stage.
+            return_outputs: report the last stage's outputs, joined along the batch dimension.
+
+        Returns:
+            ``{"loss": tensor or None, "outputs": ... or None}``; values only on the rank holding
+            the last stage.
+        """
+        chunks = self._chunks(model_chunks)
+        self._check_optimizer(optimizer)
+        micro = split_batch(next(data_iter), self.config.num_microbatches,
+                            self.config.microbatch_size)  # fmt: skip
+        table = self.table(len(micro))
+        if self._p2p is None:
+            self._p2p = PipelineP2P(
+                self.stage_manager.group if self.stage_manager.pp_size > 1 else None,
+                tensor_shape=self.config.tensor_shape, tensor_dtype=self.config.tensor_dtype,
+                enable_metadata_cache=self.config.enable_metadata_cache,
+            )  # fmt: skip
+        executor = ScheduleExecutor(table, self.stage_manager.stage, self.stage_manager.global_rank,
+                                    self._p2p, chunks, criterion, optimizer, micro)  # fmt: skip
+        earlier = stash_shared_gradients(chunks)  # accumulated by earlier steps: summed already
+        self.last_stats = executor.run(keep_outputs=return_outputs)
+        sync_shared_gradients(chunks, earlier)
+        result: dict[str, Any] = {"loss": None, "outputs": None}
+        if executor.losses and return_loss:
+            result["loss"] = torch.stack(executor.losses).sum()
+        if executor.outputs and return_outputs:
+            result["outputs"] = merge_outputs([executor.outputs[i] for i in range(len(micro))])
+        return result
+
+    def bubble_bound(self, num_microbatches: int) -> float:
+        """The modelled bubble fraction of this schedule's table (``F=1, B=2``, or
+        ``F=B=W=1`` when split; free communication)."""
+        from kolossos.pipeline.simulate import simulate
+
+        return simulate(self.table(num_microbatches)).bubble_fraction
