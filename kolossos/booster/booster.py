@@ -226,11 +226,16 @@ class Booster:
         return_loss: bool = True,
         return_outputs: bool = False,
     ) -> dict[str, Any]:
-        """Run one pipelined training step over micro-batches from ``data_iter``.
+        """Run one pipelined training step (forward and backward of every micro-batch of
+        ``next(data_iter)``) with the plugin's schedule; step ``optimizer`` afterwards.
+
+        Returns:
+            ``{"loss": ..., "outputs": ...}``, filled on the rank holding the last stage
+            (``None`` elsewhere, and when not asked for).
 
         Raises:
             NotImplementedError: the plugin does not run pipelines (only
-                ``HybridParallelPlugin`` with ``pp_size > 1`` will).
+                ``HybridParallelPlugin`` with ``pp_size > 1`` does).
         """
         if self.plugin is None or not self.plugin.support_pipeline():
             current = self.plugin.name if self.plugin is not None else "no plugin"

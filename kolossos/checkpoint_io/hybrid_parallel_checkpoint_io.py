@@ -19,6 +19,9 @@ then its ZeRO partition, without communication.
 The optimizer wrappers of the plugin expose one interface for both steps (``groups``,
 ``param_name``, ``full_param``, ``load_full_param``, ``full_param_states``,
 ``load_param_states``); ``owner_of`` finds the one managing a parameter.
+
+With pipeline parallelism the plugin uses the subclass
+:class:`~kolossos.booster.plugin.hybrid.pipeline_checkpoint_io.PipelineCheckpointIO`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ from kolossos.nn.layer.parallel_1d.sharding import (
 __all__ = ["HybridParallelCheckpointIO"]
 
 Owner = Any  # an optimizer with the interface of the module docstring
+#: set by the plugin on a copy of a parameter tied across pipeline stages that another stage
+#: saves (the copy's optimizer state is skipped)
+_PP_DUPLICATE = "_kolossos_pp_duplicate"
+
+
+def _is_pp_duplicate(tensor: torch.Tensor) -> bool:
+    return bool(getattr(tensor, _PP_DUPLICATE, False))
 
 
 def _full_shape(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -139,20 +149,30 @@ class HybridParallelCheckpointIO(CheckpointIO):
         full precision, the master copy)."""
         module = unwrap_model(model)
         targets = module.state_dict(keep_vars=True)
+        self._load_pairs([(name, targets[name]) for name in piece], piece, module)
+
+    def _load_pairs(
+        self,
+        pairs: list[tuple[str, torch.Tensor]],
+        piece: dict[str, torch.Tensor],
+        module: nn.Module | None,
+    ) -> None:
+        """Load ``piece[name]`` into each ``(name, target)``; replicated entries go through
+        ``module.load_state_dict`` (buffers, hooks) when ``module`` is given, else are copied."""
         rest = {}
         with torch.no_grad():
-            for name, full in piece.items():
-                target = targets[name]
+            for name, target in pairs:
+                full = piece[name]
                 spec = get_tp_spec(target)
                 value = slice_tp_shard(full, spec, self._tp_rank()) if spec is not None else full
                 owner = self.owner_of(target)
                 if owner is not None:
                     owner.load_full_param(target, value.to(target.device))
-                elif spec is not None:
+                elif spec is not None or module is None:
                     target.copy_(value)
                 else:
                     rest[name] = value
-        if rest:
+        if rest and module is not None:
             module.load_state_dict(rest, strict=False)
 
     # ------------------------------------------------------------------ optimizer
@@ -200,12 +220,23 @@ class HybridParallelCheckpointIO(CheckpointIO):
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Each parameter's full states (DP gather, then TP gather; a collective)."""
         _require_gather(gather_dtensor)
+        for name, full in self._stage_state_items(optimizer, names):
+            if self.is_writer():
+                yield name, full
+
+    def _stage_state_items(
+        self, optimizer: Any, names: list[list[str]]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Full states of this rank's parameters, yielded on its DP 0 / TP 0 rank (a collective
+        of the DP and TP groups); tied copies another stage saves are skipped."""
         opt = self._owner(optimizer)
         dp_root = self._dp_rank() == 0
         for g, i, state in opt.full_param_states(dst=0):
             if not dp_root:
                 continue  # no-ZeRO wrappers yield on every DP rank; only DP rank 0 gathers
             param = opt.groups[g][i]
+            if _is_pp_duplicate(param):
+                continue
             spec = get_tp_spec(param)
             full = {
                 key: _gather(value, spec)
@@ -213,7 +244,7 @@ class HybridParallelCheckpointIO(CheckpointIO):
                 else value
                 for key, value in state.items()
             }
-            if self.is_writer():
+            if self._tp_rank() == 0:
                 yield names[g][i], full
 
     def load_optimizer_state(

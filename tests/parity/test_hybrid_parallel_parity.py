@@ -84,7 +84,7 @@ def build() -> Callable[[str], nn.Module]:
         ),
         "vit": lambda: transformers.ViTForImageClassification(
             transformers.ViTConfig(
-                image_size=8, patch_size=4, num_channels=3, hidden_size=32,
+                image_size=12, patch_size=4, num_channels=3, hidden_size=32,
                 intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
             )
@@ -98,9 +98,9 @@ def make_batches(family: str, steps: int = STEPS, seed: int = 3) -> list[dict[st
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(steps):
-        if family == "vit":
+        if family == "vit":  # 3 x 3 patches + [CLS]: 10 positions, even for sequence parallelism
             out.append({
-                "pixel_values": torch.randn(GLOBAL_BATCH, 3, 8, 8, generator=gen),
+                "pixel_values": torch.randn(GLOBAL_BATCH, 3, 12, 12, generator=gen),
                 "labels": torch.randint(0, 3, (GLOBAL_BATCH,), generator=gen),
             })  # fmt: skip
         elif family == "bert":
@@ -234,14 +234,29 @@ def test_tp2_dp2_matches_single_process(build: Callable[[str], nn.Module]) -> No
     case()
     check(build, "llama", 2, "bf16", enable_sequence_parallelism=True, zero_stage=1)
 
+    @parameterize("family", ["bert", "vit", "opt"])
+    @parameterize("sp", [False, True])
+    def other(family: str, sp: bool) -> None:
+        check(build, family, 2, "fp32", enable_sequence_parallelism=sp, zero_stage=1)
+
+    other()
+
 
 @distributed(2)
 def test_other_families_at_tp2(build: Callable[[str], nn.Module]) -> None:
     @parameterize("family", ["bert", "vit", "opt"])
-    def case(family: str) -> None:
-        check(build, family, 2, "fp32", zero_stage=0)
+    @parameterize("sp", [False, True])
+    @parameterize("zero_stage", [0, 1])
+    def case(family: str, sp: bool, zero_stage: int) -> None:
+        check(build, family, 2, "fp32", enable_sequence_parallelism=sp, zero_stage=zero_stage)
 
     case()
+
+    @parameterize("family", ["bert", "vit", "opt"])
+    def low_precision(family: str) -> None:
+        check(build, family, 2, "bf16", enable_sequence_parallelism=True, zero_stage=1)
+
+    low_precision()
 
 
 class Block(nn.Module):

@@ -113,12 +113,21 @@ def test_defaults_and_derived_kwargs() -> None:
         ({"num_layers_per_stage": [2, 0]}, ValueError, "num_layers_per_stage"),
         ({"num_microbatches": 0}, ValueError, "num_microbatches=0"),
         ({"pp_size": 2}, ValueError, "num_microbatches or microbatch_size"),
-        ({"pp_size": 2, "num_microbatches": 4, "zero_stage": 2}, ValueError, "zero_stage 0 or 1"),
-        ({"pp_size": 2, "num_microbatches": 4}, NotImplementedError, "issue #12"),
+        ({"pp_style": "zbv", "num_model_chunks": 3}, ValueError, "num_model_chunks=2"),
         (
-            {"pp_size": 2, "microbatch_size": 1, "pp_style": "interleaved", "num_model_chunks": 2},
+            {"pp_size": 2, "num_microbatches": 4, "enable_sequence_parallelism": True},
             NotImplementedError,
-            "pipeline parallelism",
+            "sequence parallelism inside pipeline stages",
+        ),
+        (
+            {"pp_size": 2, "num_microbatches": 4, "num_layers_per_stage": [1, 1, 2]},
+            ValueError,
+            "one count per virtual stage",
+        ),
+        (
+            {"pp_size": 2, "num_microbatches": 4, "overlap_p2p": False},
+            NotImplementedError,
+            "overlap_p2p=False",
         ),
     ],
 )
@@ -134,6 +143,18 @@ def test_sequence_parallelism_and_pipeline_options_that_are_valid() -> None:
     )
     # pipeline-only options are validated and inert at pp_size=1 (Colossal-AI scripts pass them)
     HybridParallelConfig(tp_size=2, microbatch_size=1, num_layers_per_stage=[1, 1])
+    # the pipeline schedules and their chunk counts
+    HybridParallelConfig(tp_size=1, pp_size=2, num_microbatches=4)
+    HybridParallelConfig(
+        tp_size=2, pp_size=2, microbatch_size=1, pp_style="interleaved", num_model_chunks=2
+    )
+    HybridParallelConfig(tp_size=1, pp_size=4, num_microbatches=4, pp_style="zbv",
+                         num_model_chunks=2, zero_stage=1)  # fmt: skip
+
+
+def test_zero2_with_a_pipeline_is_allowed_with_a_warning() -> None:
+    with pytest.warns(UserWarning, match="zero_stage=1 is usually faster"):
+        HybridParallelConfig(tp_size=1, pp_size=2, num_microbatches=4, zero_stage=2)
 
 
 def test_world_size_must_be_a_multiple_of_the_model_parallel_size() -> None:

@@ -1,5 +1,5 @@
-"""``HybridParallelPlugin``: tensor parallelism (+ sequence parallelism) combined with data
-parallelism (DDP or ZeRO-1/2) over a ``(dp, pp, tp)`` process mesh.
+"""``HybridParallelPlugin``: tensor parallelism (+ sequence parallelism) and pipeline parallelism
+combined with data parallelism (DDP or ZeRO-1/2) over a ``(dp, pp, tp)`` process mesh.
 
 The recipe (the pieces live in :mod:`kolossos.booster.plugin.hybrid`, the layers in
 :mod:`kolossos.nn.layer.parallel_1d`, the plans in :mod:`kolossos.shardformer`):
@@ -15,12 +15,18 @@ The recipe (the pieces live in :mod:`kolossos.booster.plugin.hybrid`, the layers
 4. checkpoints through
    :class:`~kolossos.checkpoint_io.hybrid_parallel_checkpoint_io.HybridParallelCheckpointIO`.
 
+With ``pp_size > 1``, step 2 also cuts the sharded model into this rank's stage chunks along the
+plan's stage layout and no DDP is used; ``execute_pipeline`` runs the schedule
+(:mod:`kolossos.booster.plugin.hybrid.pipeline`), and checkpoints go through
+:class:`~kolossos.booster.plugin.hybrid.pipeline_checkpoint_io.PipelineCheckpointIO`.
+
 See ``docs/tensor_parallel.md``.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +44,14 @@ from kolossos.booster.plugin.hybrid import (
     HybridMesh,
     HybridParallelConfig,
     HybridParallelModule,
+    HybridPipelineModule,
     HybridZeroOptimizer,
     TPMixedPrecisionOptimizer,
     TPOptimizer,
     build_mesh,
     check_world,
 )
+from kolossos.booster.plugin.hybrid.pipeline import PipelineRuntime
 from kolossos.booster.plugin.hybrid.sharding import (
     check_fresh,
     check_shard_options,
@@ -71,8 +79,10 @@ class HybridParallelPlugin(DPPluginBase):
     ``dp_size = world_size / (tp_size * pp_size)``. The model is sharded by ShardFormer's plan
     for its family (GPT-2, LLaMA, BERT, ViT, OPT) or by ``custom_policy``. Precision is the
     plugin's business (``precision=``), do not pass ``Booster(mixed_precision=...)``.
-    ``prepare_dataloader`` gives the ranks of one TP group the same data. Pipeline parallelism
-    (``pp_size > 1``) is issue #12: its arguments are validated, ``pp_size > 1`` raises.
+    ``prepare_dataloader`` gives the ranks of one TP group (and one pipeline) the same data.
+    With ``pp_size > 1`` each rank holds its stages' layers and a training step is
+    ``booster.execute_pipeline(data_iter, model, criterion, optimizer)`` with the schedule
+    ``pp_style`` (``'1f1b'``, ``'interleaved'`` with ``num_model_chunks``, ``'zbv'``).
 
     Args: see :class:`~kolossos.booster.plugin.hybrid.HybridParallelConfig` (Colossal-AI's names
         and defaults).
@@ -145,6 +155,8 @@ class HybridParallelPlugin(DPPluginBase):
         self.mesh: HybridMesh = build_mesh(dp_size, c.pp_size, c.tp_size, c.dp_outside)
         super().__init__(self.mesh.dp_group)
         self._owners: WeakIdKeyDictionary = WeakIdKeyDictionary()  # param -> ref to its optimizer
+        # the schedule is built here so a bad chunk count fails before the model is touched
+        self.pipeline = PipelineRuntime(c, self.mesh) if c.pp_size > 1 else None
 
     # ------------------------------------------------------------------ facts
     @property
@@ -172,6 +184,14 @@ class HybridParallelPlugin(DPPluginBase):
         """The :class:`~kolossos.cluster.ProcessGroupMesh` (axes ``dp``, ``pp``, ``tp``)."""
         return self.mesh.mesh
 
+    @property
+    def stage_manager(self) -> Any:
+        """The :class:`~kolossos.pipeline.PipelineStageManager` (``None`` when ``pp_size=1``)."""
+        return self.pipeline.stage_manager if self.pipeline is not None else None
+
+    def support_pipeline(self) -> bool:
+        return self.config.pp_size > 1
+
     def supported_precisions(self) -> list[str]:
         return ["fp16", "bf16", "fp32"]
 
@@ -193,6 +213,10 @@ class HybridParallelPlugin(DPPluginBase):
             check_fresh(inner, names)
         c = self.config
         sharded = shard_model(model, c, self.tp_group)
+        if self.pipeline is not None:
+            return self._configure_pipeline(
+                sharded, inner, names, criterion, dataloader, lr_scheduler
+            )
         use_ddp = c.zero_stage == 0 and self.dp_size > 1
         ddp = TorchDDPConfig(**c.ddp_kwargs()) if use_ddp else None
         wrapped = HybridParallelModule(sharded, c.dtype, ddp, self.dp_group)
@@ -203,22 +227,55 @@ class HybridParallelPlugin(DPPluginBase):
             boosted = self._wrap_optimizer(inner, module)
         return wrapped, boosted, criterion, dataloader, lr_scheduler
 
-    def _wrap_optimizer(self, inner: Optimizer, module: nn.Module) -> HybridOptimizer:
+    def _configure_pipeline(
+        self,
+        sharded: nn.Module,
+        inner: Optimizer | None,
+        names: dict[torch.Tensor, str],
+        criterion: Criterion | None,
+        dataloader: DataLoader[Any] | None,
+        lr_scheduler: LRScheduler | None,
+    ) -> Boosted:
+        """``pp_size > 1``: this rank's stage chunks, tied copies made equal, and the optimizer
+        re-pointed at (only) the parameters this rank holds."""
+        pipeline = self.pipeline
+        assert pipeline is not None
+        chunks = pipeline.split(sharded, self.config.custom_policy)  # collective (tied groups)
+        pipeline.check_tied_supported()
+        pipeline.broadcast_tied()
+        wrapped = HybridPipelineModule(chunks, self.config.dtype, pipeline)
+        boosted: HybridOptimizer | None = None
+        if inner is not None:
+            repoint_optimizer(inner, names, sharded)
+            local = set(wrapped.chunks.parameters())
+            for group in inner.param_groups:
+                group["params"] = [p for p in group["params"] if p in local]
+            boosted = self._wrap_optimizer(inner, pipeline.names)
+        return wrapped, boosted, criterion, dataloader, lr_scheduler
+
+    def _wrap_optimizer(
+        self, inner: Optimizer, module: nn.Module | dict[torch.Tensor, str]
+    ) -> HybridOptimizer:
         c = self.config
+        pp_group = self.pp_group if c.pp_size > 1 else None
         opt: HybridOptimizer
         if c.zero_stage > 0:
             opt = HybridZeroOptimizer(
-                inner, self.tp_group, dp_process_group=self.dp_group, **c.zero_kwargs()
+                inner,
+                self.tp_group,
+                pp_group=pp_group,
+                dp_process_group=self.dp_group,
+                **c.zero_kwargs(),
             )
         elif c.precision == "fp32":
-            opt = TPOptimizer(inner, self.tp_group, c.max_norm)
+            opt = TPOptimizer(inner, self.tp_group, c.max_norm, pp_group=pp_group)
         else:
             scaler = (
                 DynamicGradScaler(**c.scaler_kwargs())
                 if c.precision == "fp16"
                 else ConstantGradScaler(1.0)
             )
-            opt = TPMixedPrecisionOptimizer(inner, scaler, self.tp_group, c.max_norm)
+            opt = TPMixedPrecisionOptimizer(inner, scaler, self.tp_group, c.max_norm, pp_group)
         opt.set_param_names(module)
         if not isinstance(opt, HybridZeroOptimizer):  # ZeRO registers its own parameters
             for param in opt.working_params():
@@ -230,16 +287,69 @@ class HybridParallelPlugin(DPPluginBase):
         owner = ref() if ref is not None else None
         return owner if owner is not None else zero_optimizer_of(tensor)
 
+    def execute_pipeline(
+        self,
+        data_iter: Iterator[Any],
+        model: nn.Module,
+        criterion: Criterion,
+        optimizer: OptimizerWrapper | None = None,
+        return_loss: bool = True,
+        return_outputs: bool = False,
+    ) -> dict[str, Any]:
+        """One training step over ``num_microbatches`` micro-batches of ``next(data_iter)``:
+        forward and backward by the schedule, tied gradients summed over the stages, gradients
+        averaged over data parallelism. Step the optimizer afterwards.
+
+        Returns:
+            ``{"loss": mean loss of the micro-batches or None, "outputs": ... or None}``;
+            values only on the rank holding the last stage.
+
+        Raises:
+            TypeError: ``model`` / ``optimizer`` are not the ones ``boost`` returned.
+            ValueError: ``optimizer=None`` with ZeRO (its reducer must see the backward).
+        """
+        if not isinstance(model, HybridPipelineModule):
+            raise TypeError(
+                "execute_pipeline needs the model returned by booster.boost with "
+                f"HybridParallelPlugin(pp_size > 1), got {type(model).__name__}."
+            )
+        if optimizer is None and self.config.zero_stage > 0:
+            raise ValueError(
+                f"execute_pipeline with zero_stage={self.config.zero_stage} needs the boosted "
+                "optimizer (ZeRO collects the gradients during backward); pass optimizer=."
+            )
+        if optimizer is not None and not isinstance(
+            optimizer, (TPOptimizer, TPMixedPrecisionOptimizer, HybridZeroOptimizer)
+        ):
+            raise TypeError(
+                "execute_pipeline needs the optimizer returned by booster.boost, got "
+                f"{type(optimizer).__name__}."
+            )
+        return model.pipeline.run(
+            model.chunks, data_iter, criterion, optimizer, return_loss, return_outputs
+        )
+
     def get_checkpoint_io(self) -> CheckpointIO:
         from kolossos.checkpoint_io.hybrid_parallel_checkpoint_io import (
             HybridParallelCheckpointIO,
         )
 
+        if self.pipeline is not None:
+            from kolossos.booster.plugin.hybrid.pipeline_checkpoint_io import (
+                PipelineCheckpointIO,
+            )
+
+            return PipelineCheckpointIO(self.dp_group, self.tp_group, self._owner_of, self.pipeline)
         return HybridParallelCheckpointIO(self.dp_group, self.tp_group, self._owner_of)
 
     def no_sync(
         self, model: nn.Module, optimizer: OptimizerWrapper | None = None
     ) -> AbstractContextManager[Any]:
+        if isinstance(model, HybridPipelineModule):
+            raise NotImplementedError(
+                "no_sync with pp_size > 1: a pipeline step already accumulates num_microbatches "
+                "micro-batches; raise num_microbatches instead of accumulating steps."
+            )
         if not isinstance(model, HybridParallelModule):
             raise TypeError(
                 f"no_sync needs the model returned by booster.boost with {self.name}, got "

@@ -8,6 +8,7 @@ the world size live in :func:`check_world`.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,6 @@ from kolossos.amp import DynamicGradScaler
 from kolossos.zero.low_level.options import COMM_DTYPES
 
 __all__ = [
-    "PIPELINE_ISSUE",
     "PRECISIONS",
     "SP_MODES",
     "HybridParallelConfig",
@@ -28,7 +28,6 @@ PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float
 #: sequence-parallel modes of Colossal-AI; only Megatron's split-gather runs here (over TP)
 SP_MODES = ("split_gather", "ring", "all_to_all", "ring_attn")
 PP_STYLES = ("1f1b", "interleaved", "zbv")
-PIPELINE_ISSUE = "pipeline parallelism in HybridParallelPlugin (issue #12)"
 
 _BOOLS = (
     "enable_all_optimization",
@@ -74,7 +73,7 @@ class HybridParallelConfig:
     tp_size: int
     """Tensor-parallel size (1: no tensor parallelism)."""
     pp_size: int = 1
-    """Pipeline stages (1: none; > 1 is issue #12)."""
+    """Pipeline stages (1: none)."""
     sp_size: int | None = None
     """Sequence-parallel size of the all-to-all / ring modes; ``split_gather`` uses the TP group,
     so only ``None`` or 1 is accepted."""
@@ -180,10 +179,6 @@ class HybridParallelConfig:
         self._check_pipeline()
         self._check_numbers()
         self._check_data_parallel()
-        if self.pp_size > 1:
-            raise NotImplementedError(
-                f"pp_size={self.pp_size}: {PIPELINE_ISSUE} is not integrated yet; use pp_size=1."
-            )
 
     def _check_sequence_parallel(self) -> None:
         mode = self.sequence_parallelism_mode
@@ -219,6 +214,11 @@ class HybridParallelConfig:
                 f"num_model_chunks={self.num_model_chunks} needs pp_style='interleaved' (or "
                 "'zbv'); 1f1b runs one chunk per stage."
             )
+        if self.pp_style == "zbv" and self.num_model_chunks != 2:
+            raise ValueError(
+                f"pp_style='zbv' places two model chunks per stage in a V; set "
+                f"num_model_chunks=2 (got {self.num_model_chunks})."
+            )
         layers = self.num_layers_per_stage
         if layers is not None and (
             not isinstance(layers, (list, tuple))
@@ -230,12 +230,33 @@ class HybridParallelConfig:
             )
         if self.pp_size == 1:
             return
-        if self.num_microbatches is None and self.microbatch_size is None:
-            raise ValueError(f"pp_size={self.pp_size} needs num_microbatches or microbatch_size.")
-        if self.zero_stage > 1:
+        stages = self.pp_size * self.num_model_chunks
+        if layers is not None and len(layers) != stages:
             raise ValueError(
-                f"zero_stage={self.zero_stage} with pp_size={self.pp_size}: ZeRO-2 reduces "
-                "gradients at every micro-batch; use zero_stage 0 or 1 with pipelines."
+                f"num_layers_per_stage has {len(layers)} entries but pp_size * num_model_chunks "
+                f"= {stages} virtual stages; give one count per virtual stage."
+            )
+        if self.num_microbatches is None and self.microbatch_size is None:
+            raise ValueError(
+                f"pp_size={self.pp_size} needs num_microbatches or microbatch_size; pass one, "
+                "e.g. num_microbatches=4."
+            )
+        if self.enable_sequence_parallelism:
+            raise NotImplementedError(
+                f"enable_sequence_parallelism=True with pp_size={self.pp_size}: sequence "
+                "parallelism inside pipeline stages is not implemented; use one of the two."
+            )
+        if not self.overlap_p2p:
+            raise NotImplementedError(
+                f"overlap_p2p=False with pp_size={self.pp_size}: the pipeline's point-to-point "
+                "layer always posts non-blocking sends and receives; leave overlap_p2p=True."
+            )
+        if self.zero_stage > 1:
+            warnings.warn(
+                f"zero_stage={self.zero_stage} with pp_size={self.pp_size}: ZeRO-2 reduces the "
+                "gradients after every micro-batch's backward (one data-parallel reduction per "
+                "micro-batch instead of one per step); zero_stage=1 is usually faster.",
+                stacklevel=4,
             )
 
     def _check_numbers(self) -> None:

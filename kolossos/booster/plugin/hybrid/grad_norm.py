@@ -9,8 +9,11 @@ all-reduce, the same gradient). The norm of the full model counts every element 
 
 so the sharded part is all-reduced over the TP group and the replicated part is taken as is.
 With ZeRO, gradients are further partitioned over the data-parallel group, so both parts are
-first summed over it. Padding rows of vocabulary-parallel tensors need no special care: they are
-never looked up and their logits never enter the loss, so their gradients are exactly zero.
+first summed over it. With pipeline parallelism each stage holds different layers, so the
+stages' totals are summed over the pipeline group last; a parameter tied across stages (one copy
+per stage) is passed by one stage only. Padding rows of vocabulary-parallel tensors need no
+special care: they are never looked up and their logits never enter the loss, so their
+gradients are exactly zero.
 """
 
 from __future__ import annotations
@@ -21,7 +24,16 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-__all__ = ["clip_coefficient", "tp_global_norm"]
+__all__ = ["DUPLICATE_ATTR", "clip_coefficient", "is_pp_duplicate", "tp_global_norm"]
+
+#: set on a tied parameter's copy that clipping and checkpoints skip (another stage owns it)
+DUPLICATE_ATTR = "_kolossos_pp_duplicate"
+
+
+def is_pp_duplicate(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a copy of a parameter tied across pipeline stages that another
+    stage counts (clipping) and saves (checkpoints)."""
+    return bool(getattr(param, DUPLICATE_ATTR, False))
 
 
 def _partials(
@@ -49,6 +61,7 @@ def tp_global_norm(
     tp_group: dist.ProcessGroup | None,
     dp_group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
+    pp_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """The ``norm_type``-norm of the whole model's gradients (a collective).
 
@@ -59,6 +72,8 @@ def tp_global_norm(
         dp_group: the data-parallel group when the pieces are ZeRO partitions (each dp rank
             holds different pieces), else ``None`` (DDP: every dp rank holds all of them).
         device: where the scalars are reduced (the CPU for gloo; default CPU).
+        pp_group: the pipeline group when the pieces are one stage's layers (each stage passes
+            its own parameters, tied copies once), else ``None``.
 
     Returns:
         A 0-dim fp32 tensor on ``device``, the same on every rank.
@@ -78,9 +93,12 @@ def tp_global_norm(
         sharded = parts[:1].clone()
         dist.all_reduce(sharded, op=op, group=tp_group)  # SYNC POINT: the TP shards
         parts[0] = sharded[0]
-    if inf:
-        return parts.max()
-    return parts.sum() ** (1.0 / norm_type)
+    total = parts.max() if inf else parts.sum()
+    if pp_group is not None and dist.is_initialized() and dist.get_world_size(pp_group) > 1:
+        total = total.reshape(1)
+        dist.all_reduce(total, op=op, group=pp_group)  # SYNC POINT: the pipeline stages
+        total = total[0]
+    return total if inf else total ** (1.0 / norm_type)
 
 
 def clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""``HybridParallelModule``: the model :class:`HybridParallelPlugin` returns.
+"""``HybridParallelModule`` / ``HybridPipelineModule``: the model :class:`HybridParallelPlugin`
+returns (without / with pipeline parallelism).
 
 It holds the sharded model on the device in the working dtype, wrapped in DDP over the
 data-parallel group when gradients are averaged by DDP (``zero_stage=0`` and ``dp_size > 1``).
@@ -7,6 +8,7 @@ Floating-point inputs are cast to the working dtype in ``forward``.
 
 from __future__ import annotations
 
+import copy
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -19,7 +21,7 @@ from kolossos.booster.plugin.torch_ddp_plugin import TorchDDPConfig, TorchDDPMod
 from kolossos.interface import ModelWrapper
 from kolossos.zero.low_level.model import cast_floating
 
-__all__ = ["HybridParallelModule"]
+__all__ = ["HybridParallelModule", "HybridPipelineModule"]
 
 
 class HybridParallelModule(ModelWrapper):
@@ -62,3 +64,46 @@ class HybridParallelModule(ModelWrapper):
         if self.dtype != torch.float32:
             args, kwargs = cast_floating(args, self.dtype), cast_floating(kwargs, self.dtype)
         return self.module(*args, **kwargs)
+
+
+class HybridPipelineModule(ModelWrapper):
+    """This rank's pipeline chunks (``pp_size > 1``) on the device in the working dtype.
+
+    Gradients are averaged over the data-parallel group by the plugin after each pipeline step
+    (no DDP: it cannot follow several micro-batch forwards before their backwards). Run it with
+    ``booster.execute_pipeline``; calling it directly raises.
+
+    Args:
+        chunks: this rank's model chunks (one per virtual stage it holds).
+        dtype: the working dtype.
+        pipeline: the plugin's :class:`~kolossos.booster.plugin.hybrid.pipeline.PipelineRuntime`.
+    """
+
+    def __init__(self, chunks: nn.ModuleList, dtype: torch.dtype, pipeline: Any) -> None:
+        from kolossos.accelerator import get_accelerator
+
+        chunks = chunks.to(get_accelerator().get_current_device())
+        if dtype != torch.float32:
+            chunks = chunks.to(dtype)
+        super().__init__(chunks)
+        self.dtype = dtype
+        self.pipeline = pipeline
+        config = getattr(chunks[0], "config", None)
+        if config is not None and hasattr(config, "to_json_string"):
+            # checkpoints write config.json from the unwrapped module: the stages' model's
+            config = copy.deepcopy(config)
+            config.architectures = [type(chunks[0]).__name__]
+            object.__setattr__(chunks, "config", config)
+
+    @property
+    def chunks(self) -> nn.ModuleList:
+        """This rank's chunks, by chunk index."""
+        module = self.module
+        assert isinstance(module, nn.ModuleList)
+        return module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "a pipeline-parallel model (pp_size > 1) holds only this rank's stages; run a "
+            "training step with booster.execute_pipeline(data_iter, model, criterion, optimizer)."
+        )

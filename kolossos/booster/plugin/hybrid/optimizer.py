@@ -38,6 +38,7 @@ class TPOptimizer(TPStateMixin, OptimizerWrapper):
         optim: an optimizer over the sharded model's parameters.
         tp_group: the tensor-parallel group.
         max_norm: clip to this global norm at every step (0: off).
+        pp_group: the pipeline group (the norm then sums over the stages).
 
     Example:
         >>> opt = TPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), tp_group, 1.0)
@@ -45,10 +46,15 @@ class TPOptimizer(TPStateMixin, OptimizerWrapper):
     """
 
     def __init__(
-        self, optim: Optimizer, tp_group: dist.ProcessGroup | None, max_norm: float = 0.0
+        self,
+        optim: Optimizer,
+        tp_group: dist.ProcessGroup | None,
+        max_norm: float = 0.0,
+        pp_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__(optim)
         self.tp_group = tp_group
+        self.pp_group = pp_group
         self.max_norm = float(max_norm)
         self.groups = _groups(optim)
         self._names: dict[torch.Tensor, str] = {}
@@ -103,6 +109,7 @@ class TPMixedPrecisionOptimizer(TPStateMixin, LossScaledOptimizer):
         scaler: the loss scaler (dynamic for fp16, constant 1 for bf16).
         tp_group: the tensor-parallel group.
         max_norm: clip to this global norm at every step (0: off).
+        pp_group: the pipeline group (the norm then sums over the stages).
     """
 
     def __init__(
@@ -111,11 +118,13 @@ class TPMixedPrecisionOptimizer(TPStateMixin, LossScaledOptimizer):
         scaler: BaseGradScaler,
         tp_group: dist.ProcessGroup | None,
         max_norm: float = 0.0,
+        pp_group: dist.ProcessGroup | None = None,
     ) -> None:
         self.groups = _groups(optim)  # before the masters replace them in the param groups
-        # group=None: every rank of the job agrees on overflow (TP shards differ).
+        # group=None: every rank of the job agrees on overflow (TP shards and stages differ).
         super().__init__(optim, scaler, master_weights=True, group=None)
         self.tp_group = tp_group
+        self.pp_group = pp_group
         self.max_norm = float(max_norm)
         self._master = {work: master for master, work in self._working.items()}
         self._names: dict[torch.Tensor, str] = {}

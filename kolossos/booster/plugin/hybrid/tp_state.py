@@ -19,7 +19,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.optim import Optimizer
 
-from kolossos.booster.plugin.hybrid.grad_norm import clip_coefficient, tp_global_norm
+from kolossos.booster.plugin.hybrid.grad_norm import (
+    clip_coefficient,
+    is_pp_duplicate,
+    tp_global_norm,
+)
 from kolossos.booster.plugin.hybrid.sp_grads import all_reduce_coalesced
 from kolossos.nn.layer.parallel_1d.sharding import get_tp_spec, is_sequence_parallel
 
@@ -45,6 +49,8 @@ class TPStateMixin:
     optim: Optimizer
     groups: list[list[torch.Tensor]]
     tp_group: dist.ProcessGroup | None
+    pp_group: dist.ProcessGroup | None = None
+    """the pipeline group (``pp_size > 1``): the norm sums over the stages"""
     _names: dict[torch.Tensor, str]
 
     def master_of(self, param: torch.Tensor) -> torch.Tensor:
@@ -81,11 +87,17 @@ class TPStateMixin:
         """Clip the masters' gradients to a global norm counting each element once."""
         pairs = [(p, self.master_of(p)) for group in self.groups for p in group]
         grads = [(m.grad, get_tp_spec(p) is not None) for p, m in pairs if m.grad is not None]
+        counted = [
+            (m.grad, get_tp_spec(p) is not None)
+            for p, m in pairs
+            if m.grad is not None and not is_pp_duplicate(p)
+        ]
         total = tp_global_norm(
-            [(g, sharded) for g, sharded in grads if g is not None],
+            counted,
             float(norm_type),
             self.tp_group,
             device=comm_device(self.tp_group),
+            pp_group=self.pp_group,
         )
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(

@@ -11,10 +11,16 @@ inside it. Two decisions need the other TP ranks too:
 * the fp16 overflow: TP ranks hold different gradients, and all of them must skip together;
 * the gradients of sequence-parallel parameters, summed over the TP group on the partitions
   (one all-reduce per step, see :mod:`~kolossos.booster.plugin.hybrid.sp_grads`).
+
+With pipeline parallelism the overflow flag and the norm are also agreed over the pipeline group,
+and ZeRO-1 accumulates a whole pipeline step locally (:meth:`accumulate_locally`), reducing once
+at the optimizer step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -22,12 +28,17 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from kolossos.amp import all_reduce_overflow
-from kolossos.booster.plugin.hybrid.grad_norm import clip_coefficient, tp_global_norm
+from kolossos.booster.plugin.hybrid.grad_norm import (
+    clip_coefficient,
+    is_pp_duplicate,
+    tp_global_norm,
+)
 from kolossos.booster.plugin.hybrid.sp_grads import all_reduce_coalesced
 from kolossos.booster.plugin.hybrid.tp_state import comm_device
 from kolossos.interface.optimizer import _check_clip
 from kolossos.nn.layer.parallel_1d.sharding import get_tp_spec, is_sequence_parallel
 from kolossos.zero.low_level import LowLevelZeroOptimizer
+from kolossos.zero.low_level.flat_buffers import attach_grad_views
 from kolossos.zero.low_level.options import check_norm_type
 from kolossos.zero.low_level.state_io import local_piece
 
@@ -40,37 +51,71 @@ class HybridZeroOptimizer(LowLevelZeroOptimizer):
     Args:
         optimizer: the optimizer over the sharded model's parameters.
         tp_group: the tensor-parallel group.
+        pp_group: the pipeline group (``pp_size > 1``), or ``None``.
         **kwargs: :class:`~kolossos.zero.low_level.LowLevelZeroOptimizer`'s arguments
             (``dp_process_group`` included).
     """
 
     def __init__(
-        self, optimizer: Optimizer, tp_group: dist.ProcessGroup | None, **kwargs: Any
+        self,
+        optimizer: Optimizer,
+        tp_group: dist.ProcessGroup | None,
+        pp_group: dist.ProcessGroup | None = None,
+        **kwargs: Any,
     ) -> None:
         self.tp_group = tp_group
+        self.pp_group = pp_group
         super().__init__(optimizer, **kwargs)
 
     def _tp_active(self) -> bool:
         return self.tp_group is not None and dist.get_world_size(self.tp_group) > 1
 
+    def _pp_active(self) -> bool:
+        return self.pp_group is not None and dist.get_world_size(self.pp_group) > 1
+
+    @contextmanager
+    def accumulate_locally(self) -> Iterator[None]:
+        """One backward pass for the reducer around a whole pipeline step (ZeRO-1): every
+        micro-batch's backward (also split ``B``/``W`` ones) accumulates into the flat gradient
+        buffer, and the reduction over the data-parallel group happens once, at the step."""
+        if self.flat_grads is not None:
+            for params, views in zip(self.groups, self._grad_views, strict=True):
+                attach_grad_views(params, views)
+        self._prepared = None
+        self.reducer.begin(sync=False)
+        try:
+            yield
+        except BaseException:
+            self.reducer.abort()
+            raise
+        self.reducer.finish()
+        self._backwards += 1
+
     def _prepare(self) -> tuple[list[torch.Tensor | None], bool]:
         if self._prepared is not None:
             return self._prepared
         grads, found_inf = super()._prepare()
-        if self._tp_active():
+        if self._tp_active() or self._pp_active():
             if self.scaler is not None:
-                found_inf = all_reduce_overflow(found_inf, self.tp_group)  # SYNC POINT
-            if not found_inf:
+                for group in (self.tp_group, self.pp_group):
+                    if group is not None and dist.get_world_size(group) > 1:
+                        found_inf = all_reduce_overflow(found_inf, group)  # SYNC POINT
+            if not found_inf and self._tp_active():
                 pieces = [g for g, sharded in self._pieces(grads, sequence_parallel=True)]
                 all_reduce_coalesced(pieces, self.tp_group, comm_device(self.tp_group))
             self._prepared = (grads, found_inf)
         return grads, found_inf
 
     def _pieces(
-        self, grads: list[torch.Tensor | None], sequence_parallel: bool = False
+        self,
+        grads: list[torch.Tensor | None],
+        sequence_parallel: bool = False,
+        for_norm: bool = False,
     ) -> list[tuple[torch.Tensor, bool]]:
         """This rank's gradient partition cut per parameter, each tagged TP-sharded or not
-        (``sequence_parallel``: only the pieces of sequence-parallel parameters)."""
+        (``sequence_parallel``: only the pieces of sequence-parallel parameters; ``for_norm``:
+        without the copies of parameters tied across pipeline stages that another stage
+        counts)."""
         pieces = []
         for g, (grad, layout) in enumerate(zip(grads, self.layouts, strict=True)):
             if grad is None:
@@ -78,6 +123,8 @@ class HybridZeroOptimizer(LowLevelZeroOptimizer):
             for span, param in zip(layout.spans, self.groups[g], strict=True):
                 piece = local_piece(layout, self.comm.rank, span)
                 if piece is None or (sequence_parallel and not is_sequence_parallel(param)):
+                    continue
+                if for_norm and is_pp_duplicate(param):
                     continue
                 at, _, n = piece
                 pieces.append((grad[at : at + n], get_tp_spec(param) is not None))
@@ -95,11 +142,12 @@ class HybridZeroOptimizer(LowLevelZeroOptimizer):
         if found_inf:
             return torch.tensor(float("inf"))
         total = tp_global_norm(
-            self._pieces(grads),
+            self._pieces(grads, for_norm=True),
             norm_type,
             self.tp_group,
             dp_group=self.comm.group,
             device=comm_device(self.comm.group),
+            pp_group=self.pp_group,
         )
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(
