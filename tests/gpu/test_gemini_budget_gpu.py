@@ -108,7 +108,8 @@ def test_device_budget_bounds_the_peak_allocation() -> None:
     losses, gemini, fig = train(budget, warmup_non_model_data_ratio=warmup)
     policy = gemini.policy
     assert policy.stats.moves_to_host > 0 and policy.stats.bytes_to_host > 0
-    assert any(c.device_type == "cpu" for c in gemini.chunk_manager.chunks)
+    # No chunk need be on the host at the end: the steady cap subtracts each moment's measured
+    # non-model memory, and after backward there is room to bring every chunk home again.
     assert fig["peak"] <= budget, (fig["peak"], budget)
     assert fig["resident"] < free_fig["resident"]
     torch.testing.assert_close(losses, free_losses, rtol=1e-6, atol=1e-6)

@@ -403,5 +403,6 @@ def test_hybrid_adam_steps_cpu_and_cuda_params() -> None:
             o.zero_grad()
             (model_set[0](x).sum() + model_set[1](x.to(device)).sum().cpu()).backward()
             o.step()
-    assert_params(cpu_part, ref_cpu, **FP32)
+    # Rounding differs with the host's vector width (AVX-512 on the GPU machine): 6e-7 measured.
+    assert_params(cpu_part, ref_cpu, rtol=1e-5, atol=1e-6)
     assert_params(gpu_part, ref_gpu, rtol=1e-5, atol=1e-6)
