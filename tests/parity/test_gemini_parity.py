@@ -187,6 +187,72 @@ def test_checkpointing_adds_no_all_gather() -> None:
 
 
 @distributed(2)
+def test_held_chunks_save_all_gathers() -> None:
+    """From the second iteration on every chunk is gathered once in forward (the tied ``wte``
+    chunk stays gathered from the embedding to the LM head) and once in backward, except the
+    LM head's chunk, held from the end of forward into backward: ``2 C - 1`` all-gathers per
+    step instead of ``2 C + 1``. Holding changes no number: losses are bit-identical, also after
+    a forward whose held chunks no backward used and a step."""
+    rank = dist.get_rank()
+    per_step: dict[bool, list[int]] = {}
+    losses: dict[bool, list[float]] = {}
+    for hold in (True, False):
+        torch.manual_seed(0)
+        gemini, opt = wrap(tiny_gpt2(), "fp32")
+        gemini.hooks.hold = hold
+        per_step[hold], losses[hold] = [], []
+        for ids in batches(STEPS):
+            before = gemini.chunk_manager.gathers
+            loss = lm_loss(gemini, shard(ids, rank, 2))
+            opt.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            per_step[hold].append(gemini.chunk_manager.gathers - before)
+            losses[hold].append(loss.item())
+        # a forward without backward before the step holds chunks; the step must drop them
+        opt.backward(lm_loss(gemini, shard(ids, rank, 2)))
+        lm_loss(gemini, shard(ids, rank, 2))
+        opt.step()
+        losses[hold].append(lm_loss(gemini, shard(ids, rank, 2)).item())
+        n_chunks = len(gemini.chunk_manager.chunks)
+        wte = gemini.chunk_manager.locate(gemini.module.transformer.wte.weight)[0].chunk_id
+        assert gemini.hooks.backward_first == {wte}
+    assert losses[True] == losses[False]
+    assert per_step[True][1:] == [2 * n_chunks - 1] * (STEPS - 1), per_step
+    assert per_step[False][1:] == [2 * n_chunks + 1] * (STEPS - 1), per_step
+
+
+@distributed(4)
+def test_chunk_comm_matches_torch_collectives() -> None:
+    """Two gloo ranks exchange point to point (``pairwise``), in a sub-group too (peer ranks
+    mapped to world ranks); four ranks use the collectives. Same results as torch's flat
+    all-gather and reduce-scatter, synchronous and asynchronous."""
+    from kolossos.zero.gemini.chunk.comm import ChunkComm
+
+    rank = dist.get_rank()
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    for group in (pairs[rank // 2], None):
+        comm = ChunkComm(group)
+        n = dist.get_world_size(group)
+        assert comm.pairwise == (n == 2)
+        shard = torch.arange(6, dtype=torch.float32) + 10 * rank
+        expected = torch.empty(6 * n)
+        dist.all_gather_into_tensor(expected, shard, group=group)
+        for async_op in (False, True):
+            payload = torch.full((6 * n,), float("nan"))
+            pending = comm.all_gather(payload, shard, tag=3, async_op=async_op)
+            if pending is not None:
+                pending.wait()
+            torch.testing.assert_close(payload, expected, rtol=0, atol=0)
+        full = torch.randn(6 * n, generator=torch.Generator().manual_seed(rank))
+        mine = torch.empty(6)
+        dist.reduce_scatter_tensor(mine, full.clone(), group=group)
+        out = torch.empty(6)
+        comm.reduce_scatter(out, full, tag=3)
+        torch.testing.assert_close(out, mine)  # the same sum, up to the order of additions
+
+
+@distributed(2)
 def test_clipping_matches_single_process() -> None:
     """``max_norm`` clips by the global norm over every rank's gradient shards."""
     max_norm = 0.05

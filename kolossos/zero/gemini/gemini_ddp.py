@@ -30,6 +30,7 @@ from kolossos.zero.gemini.chunk import ChunkManager, search_chunk_configuration,
 from kolossos.zero.gemini.full_tensors import FullTensorIO
 from kolossos.zero.gemini.gemini_hooks import GeminiHooks
 from kolossos.zero.gemini.placement.base import create_placement_policy
+from kolossos.zero.gemini.placement.static import StaticPlacementPolicy
 
 __all__ = ["GeminiDDP"]
 
@@ -150,7 +151,9 @@ class GeminiDDP(ModelWrapper):
             device_memory_budget=device_memory_budget,
         )
         self._build_chunks(chunk_init_device)
-        self.hooks = GeminiHooks(self.chunk_manager, self.policy)
+        # a device budget (auto/const) alone decides what stays gathered: no holding there
+        hold = isinstance(self.policy, StaticPlacementPolicy)
+        self.hooks = GeminiHooks(self.chunk_manager, self.policy, hold=hold)
         self.hooks.install(module)
         self._io = FullTensorIO(module, self.chunk_manager)
         self._no_sync = False
@@ -289,7 +292,7 @@ class GeminiDDP(ModelWrapper):
     def no_sync(self) -> Iterator[None]:
         """Gradient accumulation. Gemini stays correct without this context: every backward
         reduce-scatters its chunks' gradients and adds them to the fp32 gradient shards, which
-        keep accumulating until ``zero_grad``; gradients never exist unsharded between
+        keep accumulating until the optimizer steps; gradients never exist unsharded between
         backward passes. So the context saves no communication; it exists for API parity."""
         previous, self._no_sync = self._no_sync, True
         try:

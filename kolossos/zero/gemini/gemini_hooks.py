@@ -15,6 +15,14 @@ During backward nothing is released before its gradients are reduced, so the rec
 activation checkpointing finds its chunks still gathered (and backward finds the recomputation's
 chunks gathered): checkpointing adds no all-gather. After the first iteration the order of chunk
 accesses is known and the next chunk is prefetched with an asynchronous all-gather.
+
+Two more all-gathers are saved once the first iteration has recorded the accesses (``hold``, on
+by default; placements with a device budget turn it off so that the budget alone decides what
+stays gathered): in forward a chunk that a later module of the same forward uses again (a tied
+LM head, whose weight lives in the embedding's chunk) stays gathered until that last use, and
+the chunks that backward needs first (those of the last module) stay gathered from the end of
+forward into backward, as FSDP2 keeps its root unit. A held chunk is released at the next
+forward or step when no backward came.
 """
 
 from __future__ import annotations
@@ -47,16 +55,23 @@ class GeminiHooks:
         manager: the model's chunks.
         policy: the placement policy (``before_compute`` / ``after_iteration``).
         prefetch: prefetch the next chunk once the access order is known.
+        hold: keep chunks gathered for their next use in the same forward and, at the end of
+            forward, for the start of backward (see the module docstring).
     """
 
-    def __init__(self, manager: ChunkManager, policy: Any, prefetch: bool = True) -> None:
+    def __init__(
+        self, manager: ChunkManager, policy: Any, prefetch: bool = True, hold: bool = True
+    ) -> None:
         self.manager = manager
         self.policy = policy
         self.prefetch = prefetch
+        self.hold = hold
         self.phase = Phase.IDLE
         self.iteration = 0
         self.moment = 0  # compute accesses in this iteration (the policy's clock)
         self.order: list[int] = []  # chunk access order of the first training iteration
+        self.last_forward_use: dict[int, int] = {}  # chunk id -> its last forward moment
+        self.backward_first: set[int] = set()  # chunk ids of the first backward access
         self._cursor = 0
         self.backward_pending = False
         self._handles: list[RemovableHandle] = []
@@ -90,11 +105,11 @@ class GeminiHooks:
             self._release_others(chunks)
         upcoming = self._upcoming(chunks)
         self.policy.before_compute(chunks + upcoming, self.moment)
+        if self.iteration == 0:
+            self._record(chunks)
         self.moment += 1
         for chunk in chunks:
             self.manager.gather(chunk)
-            if self.iteration == 0 and (not self.order or self.order[-1] != chunk.chunk_id):
-                self.order.append(chunk.chunk_id)
         for chunk in upcoming:
             self.manager.gather(chunk, async_op=True)
         for p in params:
@@ -102,10 +117,26 @@ class GeminiHooks:
             if info.state is not TensorState.READY_FOR_REDUCE:
                 chunk.set_state(info, state)
 
+    def _record(self, chunks: list[Chunk]) -> None:
+        """First iteration: the access order, each chunk's last forward use, and the chunks
+        that backward needs first."""
+        first_backward = self.phase is Phase.BACKWARD and not self.backward_first
+        for chunk in chunks:
+            if not self.order or self.order[-1] != chunk.chunk_id:
+                self.order.append(chunk.chunk_id)
+            if self.phase is Phase.FORWARD:
+                self.last_forward_use[chunk.chunk_id] = self.moment
+            elif first_backward:
+                self.backward_first.add(chunk.chunk_id)
+
     def _release_others(self, keep: list[Chunk]) -> None:
+        """Forward: release the gathered chunks not needed now nor later in this forward."""
         for chunk in list(self.manager.accessed_chunks):
-            if chunk not in keep and not chunk.gather_pending:
-                self.manager.release(chunk)
+            if chunk in keep or chunk.gather_pending:
+                continue
+            if self.hold and self.last_forward_use.get(chunk.chunk_id, -1) > self.moment:
+                continue  # used again by a later module of this forward (tied weights)
+            self.manager.release(chunk)
 
     def _upcoming(self, chunks: list[Chunk]) -> list[Chunk]:
         """The chunk to prefetch: the one after ``chunks`` in the recorded order."""
@@ -178,6 +209,8 @@ class GeminiHooks:
         self._cursor = 0
         if self.iteration == 0:
             self.order.clear()
+            self.last_forward_use.clear()
+            self.backward_first.clear()
 
     def end_forward(self) -> None:
         """The whole model's forward returned (or raised): release what is not kept gathered."""
@@ -185,8 +218,11 @@ class GeminiHooks:
             for info in chunk.tensors:
                 if info.state is TensorState.COMPUTE:  # a module raised before its post-hook
                     chunk.set_state(info, TensorState.HOLD_AFTER_FWD)
-        self.manager.release_all()
-        if not torch.is_grad_enabled():  # no backward follows: drop prefetched chunks too
+        backward_follows = torch.is_grad_enabled()
+        for chunk in list(self.manager.accessed_chunks):
+            if not (backward_follows and self.hold and chunk.chunk_id in self.backward_first):
+                self.manager.release(chunk)  # the chunks backward starts with stay gathered
+        if not backward_follows:  # no backward follows: drop prefetched chunks too
             self._drop_prefetched()
         self.phase = Phase.IDLE
 
@@ -199,8 +235,12 @@ class GeminiHooks:
 
     def finish_backward(self) -> None:
         """Reduce the chunks whose gradients are incomplete (unused parameters), release
-        everything and close the iteration (COLLECTIVE; a no-op without a pending backward)."""
+        everything and close the iteration (COLLECTIVE). Without a pending backward it only
+        releases the chunks a forward held for one (the step must not leave them stale)."""
         if not self.backward_pending:
+            if self.phase is Phase.IDLE:
+                self._drop_prefetched()
+                self.manager.release_all()
             return
         for chunk in self.manager:
             chunk.wait()

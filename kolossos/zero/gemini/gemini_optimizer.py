@@ -237,12 +237,15 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
 
     # ------------------------------------------------------------------ step
     def step(self, *args: Any, **kwargs: Any) -> Any:
-        """Update the master shards and refresh the working copies (COLLECTIVE). Skipped
-        (``None``, gradients dropped, scale backed off) on an fp16 overflow of any rank."""
+        """Update the master shards, refresh the working copies and free the gradient shards
+        (COLLECTIVE), as Colossal-AI's and DeepSpeed's ZeRO optimizers do: gradients live from
+        backward to step, so a backward after ``step`` starts a new accumulation whether or not
+        ``zero_grad`` ran. Skipped (``None``, gradients dropped, scale backed off) on an fp16
+        overflow of any rank."""
         if args or kwargs:
             raise NotImplementedError("GeminiOptimizer.step() takes no closure.")
         self.module.finish_backward()
-        if not self._grad_shards():  # no backward since zero_grad (the same on every rank)
+        if not self._grad_shards():  # no backward since the last step or zero_grad
             return None
         found_inf = self._prepare()
         self._skipped = found_inf
@@ -254,13 +257,14 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         if self.max_norm > 0:
             self.clip_grad_by_norm(self.max_norm, self.norm_type)
         for chunk, begin, end, p, view in self.slices:
-            # a parameter without any gradient since zero_grad is skipped, as torch does
+            # a parameter without any gradient in this accumulation is skipped, as torch does
             got = chunk.grad_shard is not None and self.manager.locate(p)[1].has_grad
             view.grad = chunk.grad_shard[begin:end] if got else None  # type: ignore[index]
         out = self.optim.step()
         for *_, view in self.slices:
             view.grad = None
-        for chunk in self.manager:
+        for chunk in self.manager:  # gradient shards live from backward to step only
+            chunk.drop_grads()
             chunk.refresh_from_master()
         self._prepared = None
         if self.gpu_margin_mem_ratio > 0:

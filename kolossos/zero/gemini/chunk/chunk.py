@@ -10,7 +10,8 @@ Storage of one chunk of ``chunk_size`` elements (a multiple of the world size ``
 * ``payload`` — the full chunk in the working dtype on the compute device while gathered; the
   parameters' ``.data`` are views of it then, and empty placeholders otherwise;
 * ``grad_payload`` — the full gradient in the working dtype during backward, reduce-scattered
-  into ``grad_shard`` (fp32, beside ``master``), where gradients accumulate until ``zero_grad``.
+  into ``grad_shard`` (fp32, beside ``master``), where gradients accumulate until the optimizer
+  steps (or ``zero_grad``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from kolossos.zero.gemini.chunk.comm import ChunkComm, Pending
 from kolossos.zero.gemini.chunk.state import TensorState, check_transition
 from kolossos.zero.gemini.memory_tracer.scope import model_data_scope
 
 __all__ = ["Chunk", "TensorInfo", "all_gather_flat"]
 
 # torch 2.13 renamed the flat collectives (the old names warn); 2.11 only has the old names
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -43,7 +44,7 @@ class TensorInfo:
     shape: torch.Size
     state: TensorState = TensorState.FREE
     has_grad: bool = False
-    """A gradient reached it since the gradient shard was last dropped (``zero_grad``)."""
+    """A gradient reached it since the gradient shard was last dropped (step, ``zero_grad``)."""
 
 
 class Chunk:
@@ -57,6 +58,7 @@ class Chunk:
         compute_device: where the payload lives while gathered.
         keep_gathered: keep the full payload at all times (only gradients and optimizer states
             are sharded, like ZeRO-2).
+        comm: the group's gather and reduce-scatter (made from ``group`` when not given).
     """
 
     def __init__(
@@ -67,7 +69,9 @@ class Chunk:
         group: dist.ProcessGroup | None,
         compute_device: torch.device,
         keep_gathered: bool = False,
+        comm: ChunkComm | None = None,
     ) -> None:
+        self.comm = comm if comm is not None else ChunkComm(group)
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         assert chunk_size % self.world_size == 0, (chunk_size, self.world_size)
@@ -90,7 +94,7 @@ class Chunk:
         self.payload: torch.Tensor | None = None
         self.grad_payload: torch.Tensor | None = None
         self.grad_shard: torch.Tensor | None = None
-        self._pending: dist.Work | None = None
+        self._pending: Pending | None = None
         self.states: Counter[TensorState] = Counter()
         self.n_trainable = 0
         self.gathers = 0  # all-gathers issued by this chunk (tests count them)
@@ -206,13 +210,10 @@ class Chunk:
                 self.chunk_size, dtype=self.dtype, device=self.compute_device
             )
         self.gathers += 1
-        if self.world_size == 1:
-            self.payload.copy_(src)
-        else:
-            work = all_gather_flat(self.payload, src, self.group, async_op=async_op)
-            if async_op:
-                self._pending = work
-                return
+        pending = self.comm.all_gather(self.payload, src, self.chunk_id, async_op=async_op)
+        if pending is not None:
+            self._pending = pending
+            return
         self._attach(TensorState.HOLD)
 
     def wait(self) -> None:
@@ -237,8 +238,8 @@ class Chunk:
     def add_grad(self, info: TensorInfo, grad: torch.Tensor) -> bool:
         """Store ``grad / N`` of one tensor in the gradient payload; True once every trainable
         tensor of the chunk has its gradient (time to :meth:`reduce`)."""
-        if self.grad_payload is None:
-            self.grad_payload = torch.zeros(
+        if self.grad_payload is None:  # the slots no gradient reaches are zeroed in reduce
+            self.grad_payload = torch.empty(
                 self.chunk_size, dtype=self.dtype, device=self.compute_device
             )
         slot = self.grad_payload[info.offset : info.offset + info.numel].view(info.shape)
@@ -254,14 +255,15 @@ class Chunk:
         """Reduce-scatter the gradient payload and add this rank's part to ``grad_shard``
         (COLLECTIVE). Drops the working shard of a sharded chunk: the master re-makes it."""
         assert self.grad_payload is not None and self.master is not None
+        self._zero_unwritten()
         if self.world_size == 1:
             part = self.grad_payload
         else:
             part = torch.empty(self.shard_size, dtype=self.dtype, device=self.compute_device)
-            _reduce_scatter(part, self.grad_payload, group=self.group)
+            self.comm.reduce_scatter(part, self.grad_payload, self.chunk_id)
         self.grad_payload = None
-        if self.grad_shard is None:
-            self.grad_shard = part.to(device=self.master.device, dtype=torch.float32, copy=True)
+        if self.grad_shard is None:  # fp32 on the master's device: the part itself, no copy
+            self.grad_shard = part.to(device=self.master.device, dtype=torch.float32)
         else:
             self.grad_shard.add_(part.to(self.master.device))
         for info in self.tensors:
@@ -270,8 +272,17 @@ class Chunk:
         if not self.keep_gathered:
             self.shard = None
 
+    def _zero_unwritten(self) -> None:
+        """Zero the parts of the gradient payload no gradient was written to: the tail after
+        the last tensor and the tensors without a gradient in this backward."""
+        assert self.grad_payload is not None
+        self.grad_payload[self.utilized :].zero_()
+        for info in self.tensors:
+            if info.state is not TensorState.READY_FOR_REDUCE:
+                self.grad_payload[info.offset : info.offset + info.numel].zero_()
+
     def drop_grads(self) -> None:
-        """Forget the accumulated gradient (``zero_grad``)."""
+        """Forget the accumulated gradient (after the step, and ``zero_grad``)."""
         self.grad_shard = None
         for info in self.tensors:
             info.has_grad = False
@@ -294,11 +305,10 @@ class Chunk:
             self.shard = None
             return
         assert self.payload is not None
-        mine = self.master.to(device=self.compute_device, dtype=self.dtype)
-        if self.world_size == 1:
-            self.payload.copy_(mine)
-        else:
-            all_gather_flat(self.payload, mine, self.group)
+        assert self.shard is not None  # this rank's slice of the payload
+        self.shard.copy_(self.master)
+        if self.world_size > 1:  # in place: the input is the output's own slice
+            self.comm.all_gather(self.payload, self.shard, self.chunk_id)
 
     def __repr__(self) -> str:
         return (

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from kolossos.zero.gemini.chunk.chunk import Chunk, TensorInfo
+from kolossos.zero.gemini.chunk.comm import ChunkComm
 from kolossos.zero.gemini.memory_tracer.scope import model_data_scope
 
 __all__ = ["ChunkManager"]
@@ -49,6 +50,7 @@ class ChunkManager:
         self._where: dict[nn.Parameter, tuple[Chunk, TensorInfo]] = {}
         self.accessed_chunks: list[Chunk] = []  # gathered now, in the order they were gathered
         self.prefetches = 0  # asynchronous gathers issued ahead of use
+        self.comm = ChunkComm(group)
         self._pack(named_params)
 
     def _pack(self, named_params: Sequence[tuple[str, nn.Parameter]]) -> None:
@@ -64,7 +66,8 @@ class ChunkManager:
             used = sum(p.numel() for _, p in members)
             size = _round_up(used, self.world_size) if members is groups[-1] else self.chunk_size
             size = max(size, _round_up(used, self.world_size))
-            chunk = Chunk(len(self.chunks), size, self.dtype, self.group, self.compute_device)
+            chunk = Chunk(len(self.chunks), size, self.dtype, self.group, self.compute_device,
+                          comm=self.comm)  # fmt: skip
             for name, p in members:
                 chunk.append(p, name)
                 self._where[p] = (chunk, chunk.tensors[-1])
