@@ -5,7 +5,11 @@ and fast.
   ran leaves the children hanging;
 * pre-imports the heavy ``torch.distributed`` submodules once, so forked ranks inherit them
   instead of paying 4–5 s each;
-* ``gpu``-marked tests are skipped without CUDA.
+* ``gpu``-marked tests are skipped without CUDA;
+* every other test runs on the CPU accelerator even where CUDA is present: the multi-process
+  tests are CPU/gloo tests (several ranks would otherwise share one GPU through NCCL, which it
+  refuses), and ``gpu`` tests get the CUDA accelerator back. The choice is made in the parent
+  before each test, so forked ranks and spawned examples inherit it (``KOLOSSOS_ACCELERATOR``).
 """
 
 from __future__ import annotations
@@ -50,3 +54,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from kolossos.accelerator import set_accelerator
+    from kolossos.accelerator.api import ACCELERATOR_ENV
+
+    name = "cuda" if "gpu" in item.keywords else "cpu"
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return  # skipped by the marker above
+    os.environ[ACCELERATOR_ENV] = name
+    set_accelerator(name)
