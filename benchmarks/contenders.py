@@ -45,8 +45,9 @@ class Setup:
     zero_grad: Callable[[], None]
     track: list[Any] = field(default_factory=list)
     """modules and ``torch.optim.Optimizer`` objects for :meth:`MemoryMeter.track`"""
-    track_as_optim: list[Any] = field(default_factory=list)
-    """objects whose every tensor is optimizer state (a foreign optimizer's inner optimizer)"""
+    track_as: dict[str, list[Any]] = field(default_factory=dict)
+    """objects billed to a named category whatever their kind (``"params"``, ``"grads"``,
+    ``"optim"``): a foreign engine's flat partitions that no module or optimizer exposes"""
     close: Callable[[], None] = lambda: None
 
 

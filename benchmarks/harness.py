@@ -70,8 +70,8 @@ def _account(
         assert setup is not None
         del model
         meter.track(*setup.track)
-        for obj in setup.track_as_optim:
-            meter.tracker.track(obj, category="optim")
+        for category, objects in setup.track_as.items():
+            meter.tracker.track(*objects, category=category)
         meter.reset_peak()  # the peak of training, not of wrapping
         train_step(setup, batches[0], meter.mark_model_states)
         n = plan.account_steps

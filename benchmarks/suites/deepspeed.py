@@ -84,9 +84,20 @@ class DeepSpeedZero(Contender):
             step=engine.step,  # also zeroes the gradients
             zero_grad=lambda: None,
             track=[engine.module],
-            track_as_optim=[optimizer],  # its "parameters" are DeepSpeed's fp32 partitions
+            track_as=_zero_partitions(engine, optimizer),
             close=close,
         )
+
+
+def _zero_partitions(engine: Any, optimizer: torch.optim.Optimizer) -> dict[str, list[Any]]:
+    """DeepSpeed's model states by category. The inner torch optimizer's "parameters" are its
+    fp32 master partitions (optimizer state, like ours); at stage 3 the working parameters live in
+    ``param.ds_tensor`` partitions and the gradients in one flat partition buffer, which no module
+    exposes, so without this they would land in "other"."""
+    params = [p.ds_tensor for p in engine.module.parameters() if hasattr(p, "ds_tensor")]
+    flat = getattr(engine.optimizer, "grad_partitions_flat_buffer", None)
+    grads = [flat] if isinstance(flat, torch.Tensor) else []
+    return {"optim": [optimizer], "params": params, "grads": grads}
 
 
 class KolossosZero(KolossosBoosted):
