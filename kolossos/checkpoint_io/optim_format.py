@@ -9,6 +9,7 @@ their global shape, so it loads into any plugin, world size or parallel layout::
         "named": True,                       # False: names are positional fallbacks
         "param_groups": [{"lr": 0.1, ..., "params": ["fc.weight", "fc.bias"]}, ...],
         "param_shapes": {"fc.weight": [4, 8], "fc.bias": [4]},
+        "loss_scaler": {"scale": 1024.0, ...},  # only with fp16 loss scaling
     }
     state = {"fc.weight": {"step": tensor(3.), "exp_avg": <4x8>, "exp_avg_sq": <4x8>}, ...}
 

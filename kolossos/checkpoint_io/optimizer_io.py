@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kolossos.amp.grad_scaler import BaseGradScaler
 from kolossos.checkpoint_io._common import check_save_args, drain
 from kolossos.checkpoint_io.atomic import atomic_directory
 from kolossos.checkpoint_io.backends import write_object_file
@@ -90,6 +91,9 @@ def save_optimizer(
     header = build_header(
         io.optimizer_param_groups(optimizer, names), io.optimizer_param_shapes(optimizer, names)
     )
+    scaler = find_loss_scaler(optimizer)
+    if scaler is not None:  # fp16: resuming must continue with the same loss scale
+        header["loss_scaler"] = scaler.state_dict()
 
     def write() -> None:
         states = io.optimizer_state_items(optimizer, names, gather_dtensor)
@@ -154,4 +158,20 @@ def load_optimizer(
     if any(is_positional_name(n) for group in names for n in group) or not header.get("named"):
         _log.warning("loading optimizer checkpoint %r by position.", str(source.path))
     io.load_optimizer_state(optimizer, names, header, source.iter_states(), mapping)
+    scaler, saved = find_loss_scaler(optimizer), header.get("loss_scaler")
+    if scaler is not None and isinstance(saved, dict):
+        scaler.load_state_dict(saved)
     return report
+
+
+def find_loss_scaler(optimizer: Any) -> BaseGradScaler | None:
+    """The loss scaler of ``optimizer`` or of an optimizer it wraps (``.scaler`` attributes of
+    the fp16 wrappers: LossScaledOptimizer, LowLevelZero, Gemini, the hybrid plugin's)."""
+    seen: set[int] = set()
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        scaler = getattr(optimizer, "scaler", None)
+        if isinstance(scaler, BaseGradScaler):
+            return scaler
+        optimizer = getattr(optimizer, "optim", None)
+    return None
