@@ -131,11 +131,15 @@ class CheckpointIO(ABC):
     ) -> dict[str, tuple[int, ...]]:
         """The global shape of each parameter, by name."""
 
-    @abstractmethod
     def optimizer_param_groups(
         self, optimizer: OptimizerLike, names: list[list[str]]
     ) -> list[dict[str, Any]]:
-        """The param groups' hyper-parameters, with ``params`` as lists of names."""
+        """The param groups' hyper-parameters, with ``params`` as lists of names (those of the
+        innermost torch optimizer, whose groups every wrapper here keeps in the user's order)."""
+        from kolossos.checkpoint_io.optim_format import named_param_groups
+        from kolossos.checkpoint_io.param_names import unwrap_optimizer
+
+        return named_param_groups(unwrap_optimizer(optimizer), names)
 
     @abstractmethod
     def optimizer_state_items(

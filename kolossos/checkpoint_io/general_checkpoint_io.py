@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from kolossos.checkpoint_io.checkpoint_io_base import CheckpointIO, OptimizerLike
-from kolossos.checkpoint_io.optim_format import named_param_groups, to_torch_state_dict
+from kolossos.checkpoint_io.optim_format import to_torch_state_dict
 from kolossos.checkpoint_io.param_names import optimizer_param_names, unwrap_optimizer
 from kolossos.checkpoint_io.state_check import ModelLayout
 from kolossos.interface import unwrap_model
@@ -103,12 +103,6 @@ class GeneralCheckpointIO(CheckpointIO):
             for group, group_names in zip(optim.param_groups, names, strict=True)
             for p, name in zip(group["params"], group_names, strict=True)
         }
-
-    def optimizer_param_groups(
-        self, optimizer: OptimizerLike, names: list[list[str]]
-    ) -> list[dict[str, Any]]:
-        """The torch optimizer's param groups with names for parameters."""
-        return named_param_groups(unwrap_optimizer(optimizer), names)
 
     def optimizer_state_items(
         self, optimizer: OptimizerLike, names: list[list[str]], gather_dtensor: bool

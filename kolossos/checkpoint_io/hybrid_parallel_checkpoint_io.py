@@ -204,17 +204,6 @@ class HybridParallelCheckpointIO(CheckpointIO):
             for p, name in zip(group, group_names, strict=True)
         }
 
-    def optimizer_param_groups(
-        self, optimizer: Any, names: list[list[str]]
-    ) -> list[dict[str, Any]]:
-        """Each group's hyper-parameters, with its parameters' names."""
-        groups = []
-        for group, group_names in zip(unwrap_optimizer(optimizer).param_groups, names, strict=True):
-            entry = {k: v for k, v in group.items() if k != "params"}
-            entry["params"] = list(group_names)
-            groups.append(entry)
-        return groups
-
     def optimizer_state_items(
         self, optimizer: Any, names: list[list[str]], gather_dtensor: bool
     ) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from kolossos.checkpoint_io import CheckpointIO
 from kolossos.checkpoint_io.optim_format import to_torch_state_dict
-from kolossos.checkpoint_io.param_names import positional_name, unwrap_optimizer
+from kolossos.checkpoint_io.param_names import positional_name
 from kolossos.checkpoint_io.state_check import ModelLayout
 from kolossos.interface import unwrap_model
 from kolossos.zero.low_level.low_level_optim import LowLevelZeroOptimizer, zero_optimizer_of
@@ -114,18 +114,6 @@ class LowLevelZeroCheckpointIO(CheckpointIO):
             for group, group_names in zip(opt.groups, names, strict=True)
             for p, name in zip(group, group_names, strict=True)
         }
-
-    def optimizer_param_groups(
-        self, optimizer: Any, names: list[list[str]]
-    ) -> list[dict[str, Any]]:
-        """Each group's hyper-parameters, with its parameters' names."""
-        optim = unwrap_optimizer(optimizer)
-        groups = []
-        for group, group_names in zip(optim.param_groups, names, strict=True):
-            entry = {k: v for k, v in group.items() if k != "params"}
-            entry["params"] = list(group_names)
-            groups.append(entry)
-        return groups
 
     def optimizer_state_items(
         self, optimizer: Any, names: list[list[str]], gather_dtensor: bool

@@ -19,6 +19,7 @@ function                           forward                    backward
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -126,48 +127,23 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-class _GatherFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: ProcessGroup) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return all_gather_along(x, dim, group)
+AlongDim = Callable[[torch.Tensor, int, ProcessGroup], torch.Tensor]
+
+
+class _AlongDim(torch.autograd.Function):
+    """A collective along ``dim`` forward and its adjoint backward: gather / split, gather /
+    reduce-scatter (the four dimension-wise pairs of Megatron TP and SP share this)."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return split_along(grad, ctx.dim, ctx.group), None, None
-
-
-class _SplitToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: ProcessGroup) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return split_along(x, dim, group)
+    def forward(
+        ctx: Any, x: torch.Tensor, dim: int, group: ProcessGroup, fwd: AlongDim, bwd: AlongDim
+    ) -> torch.Tensor:
+        ctx.dim, ctx.group, ctx.bwd = dim, group, bwd
+        return fwd(x, dim, group)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return all_gather_along(grad, ctx.dim, ctx.group), None, None
-
-
-class _GatherSeqReduceScatterGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: ProcessGroup) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return all_gather_along(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return reduce_scatter_along(grad, ctx.dim, ctx.group), None, None
-
-
-class _ReduceScatterSeqGatherGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: ProcessGroup) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return reduce_scatter_along(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return all_gather_along(grad, ctx.dim, ctx.group), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return ctx.bwd(grad, ctx.dim, ctx.group), None, None, None, None
 
 
 def copy_to_tp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
@@ -186,13 +162,13 @@ def reduce_from_tp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
 
 def gather_from_tp(x: torch.Tensor, group: ProcessGroup, dim: int = -1) -> torch.Tensor:
     """Concatenate the ranks' slices along ``dim`` forward; keep this rank's slice backward."""
-    out: torch.Tensor = _GatherFromTP.apply(x, dim % x.dim(), group)
+    out: torch.Tensor = _AlongDim.apply(x, dim % x.dim(), group, all_gather_along, split_along)
     return out
 
 
 def split_to_tp(x: torch.Tensor, group: ProcessGroup, dim: int = -1) -> torch.Tensor:
     """Keep this rank's slice along ``dim`` forward; concatenate the gradients backward."""
-    out: torch.Tensor = _SplitToTP.apply(x, dim % x.dim(), group)
+    out: torch.Tensor = _AlongDim.apply(x, dim % x.dim(), group, split_along, all_gather_along)
     return out
 
 
@@ -201,7 +177,9 @@ def gather_seq_reduce_scatter_grad(
 ) -> torch.Tensor:
     """Sequence-parallel entry: all-gather the sequence shards along ``dim`` forward; the gradient
     of the full sequence is summed over ``group`` and scattered back along ``dim``."""
-    out: torch.Tensor = _GatherSeqReduceScatterGrad.apply(x, dim % x.dim(), group)
+    out: torch.Tensor = _AlongDim.apply(
+        x, dim % x.dim(), group, all_gather_along, reduce_scatter_along
+    )
     return out
 
 
@@ -211,5 +189,7 @@ def reduce_scatter_seq_gather_grad(
     """Sequence-parallel exit: partial results summed over ``group`` and scattered along ``dim``
     forward; the shards' gradients are all-gathered along ``dim`` backward."""
     _check_divisible(x, dim, dist.get_world_size(group), "reduce_scatter_seq_gather_grad")
-    out: torch.Tensor = _ReduceScatterSeqGatherGrad.apply(x, dim % x.dim(), group)
+    out: torch.Tensor = _AlongDim.apply(
+        x, dim % x.dim(), group, reduce_scatter_along, all_gather_along
+    )
     return out
