@@ -10,9 +10,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kolossos._lazy import lazy_attributes
 from kolossos._version import __version__
 
 if TYPE_CHECKING:
@@ -25,13 +25,14 @@ if TYPE_CHECKING:
         launch_from_torch,
     )
 
-_LAZY: dict[str, str] = {
-    "launch": "kolossos.initialize",
-    "launch_from_torch": "kolossos.initialize",
-    "launch_from_slurm": "kolossos.initialize",
-    "launch_from_openmpi": "kolossos.initialize",
-    "get_default_parser": "kolossos.initialize",
-    "Booster": "kolossos.booster",
+_INITIALIZE = "kolossos.initialize"
+_LAZY = {
+    "launch": (_INITIALIZE, "launch"),
+    "launch_from_torch": (_INITIALIZE, "launch_from_torch"),
+    "launch_from_slurm": (_INITIALIZE, "launch_from_slurm"),
+    "launch_from_openmpi": (_INITIALIZE, "launch_from_openmpi"),
+    "get_default_parser": (_INITIALIZE, "get_default_parser"),
+    "Booster": ("kolossos.booster", "Booster"),
 }
 
 __all__ = [
@@ -45,14 +46,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kolossos' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)

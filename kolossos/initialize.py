@@ -18,6 +18,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from kolossos.accelerator import get_accelerator
 from kolossos.launch_env import (
     ConfigLike,
     RankInfo,
@@ -30,6 +31,8 @@ from kolossos.launch_env import (
     validate_config,
     validate_rank_info,
 )
+from kolossos.logging import get_dist_logger
+from kolossos.utils.seed import set_seed
 
 _launch_config: dict[str, Any] | Path | None = None
 
@@ -104,8 +107,6 @@ def launch(
         RuntimeError: already initialised with a different rank or world size.
     """
     global _launch_config
-    from kolossos.accelerator import get_accelerator
-
     checked_config = validate_config(config)
     info = RankInfo(rank=rank, world_size=world_size, local_rank=local_rank, host=host, port=port)
     validate_rank_info(info)
@@ -142,13 +143,9 @@ def launch(
         count = max(accelerator.device_count(), 1)
         accelerator.set_device(rank % count if local_rank is None else local_rank)
 
-    from kolossos.utils.seed import set_seed
-
     set_seed(seed)
     _launch_config = checked_config
     if verbose:
-        from kolossos.logging import get_dist_logger
-
         get_dist_logger().info(
             f"Distributed environment is initialized: world size {world_size}, backend {chosen}, "
             f"device {accelerator.get_current_device()}, timeout {pg_timeout.total_seconds():g} s",

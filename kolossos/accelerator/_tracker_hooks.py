@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kolossos.accelerator.memory_tracker import BUFFERS, GRADS, OPTIM, OTHER, PARAMS
+from kolossos.accelerator.memory_categories import BUFFERS, GRADS, OPTIM, OTHER, PARAMS
 
 if TYPE_CHECKING:
     from kolossos.accelerator.memory_tracker import TensorMemoryTracker

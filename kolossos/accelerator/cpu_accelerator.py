@@ -10,11 +10,15 @@ coarse figure that includes the Python interpreter, libraries and freed-but-unre
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
+from kolossos.accelerator._tracking_mode import active_tracker
 from kolossos.accelerator.base_accelerator import BaseAccelerator
-from kolossos.accelerator.memory_tracker import TensorMemoryTracker, active_tracker
+
+if TYPE_CHECKING:
+    from kolossos.accelerator.memory_tracker import TensorMemoryTracker
 
 __all__ = ["CpuAccelerator"]
 

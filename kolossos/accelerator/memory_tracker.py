@@ -21,12 +21,22 @@ from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
 from kolossos.accelerator._storage_ledger import StorageLedger
+from kolossos.accelerator._tracker_hooks import install_hooks, remove_hooks, sweep, track_object
 from kolossos.accelerator._tracking_mode import (
     TrackingMode,
     activate,
     active_tracker,
     deactivate,
     storages_of,
+)
+from kolossos.accelerator.api import get_accelerator
+from kolossos.accelerator.memory_categories import (
+    ACTIVATIONS,
+    BUFFERS,
+    GRADS,
+    OPTIM,
+    OTHER,
+    PARAMS,
 )
 
 __all__ = [
@@ -39,13 +49,6 @@ __all__ = [
     "TensorMemoryTracker",
     "active_tracker",
 ]
-
-PARAMS = "params"  #: category of module parameters (and optimizer master weights)
-BUFFERS = "buffers"  #: category of module buffers
-GRADS = "grads"  #: category of ``.grad`` tensors
-OPTIM = "optim"  #: category of optimizer states (and of temporaries inside ``optimizer.step``)
-ACTIVATIONS = "activations"  #: category for forward activations (set it with ``category()``)
-OTHER = "other"  #: category of everything not labelled otherwise
 
 
 class TensorMemoryTracker:
@@ -80,8 +83,6 @@ class TensorMemoryTracker:
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         if device is None:
-            from kolossos.accelerator.api import get_accelerator
-
             device = get_accelerator().get_current_device()
         self._device = torch.device(device)
         self._ledger = StorageLedger()
@@ -205,8 +206,6 @@ class TensorMemoryTracker:
         Raises:
             TypeError: an object of another type.
         """
-        from kolossos.accelerator._tracker_hooks import install_hooks, track_object
-
         for obj in objects:
             track_object(self, obj, category)
         if self.active:
@@ -229,8 +228,6 @@ class TensorMemoryTracker:
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> TensorMemoryTracker:
-        from kolossos.accelerator._tracker_hooks import install_hooks
-
         if self._mode is not None:
             raise RuntimeError("this TensorMemoryTracker is already active; use a new one to nest.")
         activate(self)
@@ -245,8 +242,6 @@ class TensorMemoryTracker:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        from kolossos.accelerator._tracker_hooks import remove_hooks, sweep
-
         assert self._mode is not None
         mode, self._mode = self._mode, None
         mode.__exit__(exc_type, exc, traceback)

@@ -8,21 +8,8 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from kolossos.amp.cast import cast_floating
 from kolossos.interface import ModelWrapper
-
-
-def cast_floating(value: Any, dtype: torch.dtype) -> Any:
-    """Cast every floating-point tensor in ``value`` (nested tuples, lists, dicts) to ``dtype``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, dict):
-        for key in list(value.keys()):
-            value[key] = cast_floating(value[key], dtype)
-        return value
-    if isinstance(value, (list, tuple)):
-        items = [cast_floating(v, dtype) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    return value
 
 
 def _bn_input_to_fp32(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -61,6 +48,6 @@ class FP16Module(ModelWrapper):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args = tuple(cast_floating(list(args), torch.float16))
-        kwargs = cast_floating(dict(kwargs), torch.float16)
+        kwargs = cast_floating(kwargs, torch.float16)
         out = self.module(*args, **kwargs)
         return out if self.output_dtype is None else cast_floating(out, self.output_dtype)

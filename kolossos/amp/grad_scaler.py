@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
+
+from kolossos.amp.loss_scale import LossScalePolicy, check_positive_finite
 
 __all__ = ["BaseGradScaler", "ConstantGradScaler", "DynamicGradScaler", "ScaleEvent"]
 
@@ -38,25 +39,6 @@ class ScaleEvent(enum.Enum):
     """An overflow seen by a :class:`ConstantGradScaler`; the scale never changes."""
 
 
-def _check_positive_finite(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"{name}={value!r} is invalid: it must be a finite number > 0. "
-            f"Pass e.g. {name}=2**16 for a loss scale."
-        )
-    return float(value)
-
-
-def _check_count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
-    if value < 1:
-        raise ValueError(f"{name}={value} is invalid: it must be >= 1. Pass {name}=1 or more.")
-    return value
-
-
 class BaseGradScaler(ABC):
     """The interface every loss scaler implements.
 
@@ -66,7 +48,7 @@ class BaseGradScaler(ABC):
     """
 
     def __init__(self, initial_scale: float, verbose: bool = False) -> None:
-        self._scale = _check_positive_finite("initial_scale", initial_scale)
+        self._scale = check_positive_finite("initial_scale", initial_scale)
         self.verbose = bool(verbose)
 
     @property
@@ -112,7 +94,7 @@ class BaseGradScaler(ABC):
             )
         value = state_dict["scale"]
         scale = float(value.item() if isinstance(value, torch.Tensor) else value)
-        return _check_positive_finite("state_dict['scale']", scale)
+        return check_positive_finite("state_dict['scale']", scale)
 
 
 class ConstantGradScaler(BaseGradScaler):
@@ -199,31 +181,26 @@ class DynamicGradScaler(BaseGradScaler):
         max_scale: float = 2**32,
         verbose: bool = False,
     ) -> None:
+        self.policy = LossScalePolicy.of(locals())  # validates every argument
         super().__init__(initial_scale, verbose)
-        self.min_scale = _check_positive_finite("min_scale", min_scale)
-        self.max_scale = _check_positive_finite("max_scale", max_scale)
-        self.growth_factor = _check_positive_finite("growth_factor", growth_factor)
-        self.backoff_factor = _check_positive_finite("backoff_factor", backoff_factor)
-        self.growth_interval = _check_count("growth_interval", growth_interval)
-        self.hysteresis = _check_count("hysteresis", hysteresis)
-        if not self.min_scale <= self._scale <= self.max_scale:
-            raise ValueError(
-                f"initial_scale={initial_scale!r} must satisfy min_scale <= initial_scale <= "
-                f"max_scale (min_scale={min_scale!r}, max_scale={max_scale!r}); "
-                "choose an initial_scale inside that range or widen it."
-            )
-        if self.growth_factor <= 1:
-            raise ValueError(
-                f"growth_factor={growth_factor!r} must be > 1 so that the scale can grow; "
-                "pass e.g. growth_factor=2."
-            )
-        if self.backoff_factor >= 1:
-            raise ValueError(
-                f"backoff_factor={backoff_factor!r} must satisfy 0 < backoff_factor < 1 so that "
-                "an overflow lowers the scale; pass e.g. backoff_factor=0.5."
-            )
+        self.min_scale = float(min_scale)
+        self.max_scale = float(max_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.hysteresis = int(hysteresis)
         self._growth_tracker = 0
         self._hysteresis_tracker = self.hysteresis
+
+    @classmethod
+    def from_policy(cls, policy: LossScalePolicy, verbose: bool = False) -> DynamicGradScaler:
+        """The scaler following ``policy``.
+
+        Example:
+            >>> DynamicGradScaler.from_policy(LossScalePolicy(initial_scale=8)).scale
+            8.0
+        """
+        return cls(**policy.as_kwargs(), verbose=verbose)
 
     @property
     def growth_tracker(self) -> int:

@@ -24,6 +24,7 @@ from torch.optim import Optimizer
 from kolossos.amp.grad_scaler import BaseGradScaler
 from kolossos.amp.overflow import all_reduce_overflow, unscale_and_check_
 from kolossos.interface.optimizer import OptimizerWrapper, _check_clip
+from kolossos.logging import get_dist_logger
 
 
 class LossScaledOptimizer(OptimizerWrapper):
@@ -85,6 +86,10 @@ class LossScaledOptimizer(OptimizerWrapper):
         """The current loss scale."""
         return self.scaler.scale
 
+    def get_loss_scaler(self) -> BaseGradScaler:
+        """The loss scaler (its state travels with optimizer checkpoints)."""
+        return self.scaler
+
     def working_params(self) -> list[torch.Tensor]:
         """The parameters the model computes with (fp16 ones in the master-weights layout)."""
         return [self._working.get(p, p) for p in self.parameters()]
@@ -114,8 +119,6 @@ class LossScaledOptimizer(OptimizerWrapper):
         if self.count_zeros:
             self.num_zeros_in_grad = int(sum(int((g == 0).sum()) for g in grads))
             if self.verbose:
-                from kolossos.logging import get_dist_logger
-
                 get_dist_logger().info(f"zeros in grad: {self.num_zeros_in_grad}", ranks=[0])
 
     def clip_grad_by_norm(

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from kolossos.cluster.collectives import comm_device
+
 __all__ = ["all_reduce_overflow", "has_inf_or_nan", "unscale_and_check_"]
 
 
@@ -136,17 +138,6 @@ def _scalar_on(value: float | torch.Tensor, device: torch.device) -> float | tor
     return float(value)
 
 
-def _comm_device(flag: torch.Tensor, group: dist.ProcessGroup | None) -> torch.device:
-    """Where ``flag`` must live for ``group``'s backend (NCCL cannot reduce CPU tensors)."""
-    if flag.device.type != "cpu" or "gloo" in str(dist.get_backend(group)).lower():
-        return flag.device
-    if torch.accelerator.is_available():
-        accel = torch.accelerator.current_accelerator()
-        assert accel is not None
-        return torch.device(accel.type, torch.accelerator.current_device_index())
-    return flag.device
-
-
 def all_reduce_overflow(flag: torch.Tensor | bool, group: dist.ProcessGroup | None = None) -> bool:
     """Make every rank agree on overflow: True if any rank of ``group`` saw one.
 
@@ -168,6 +159,8 @@ def all_reduce_overflow(flag: torch.Tensor | bool, group: dist.ProcessGroup | No
     """
     local = torch.as_tensor(flag).detach().reshape(()).to(torch.float32)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-        local = local.to(_comm_device(local, group), copy=True)
+        # NCCL cannot reduce host tensors: a CPU flag travels through the accelerator
+        home = local.device if local.device.type != "cpu" else comm_device(group)
+        local = local.to(home, copy=True)
         dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
     return bool(local.item() > 0)  # host sync

@@ -7,7 +7,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -15,27 +15,33 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
+from kolossos.accelerator import get_accelerator
 from kolossos.booster.mixed_precision import MixedPrecision, mixed_precision_factory
 from kolossos.booster.plugin.plugin_base import Plugin
+from kolossos.checkpoint_io import CheckpointIO, GeneralCheckpointIO, LoadReport
 from kolossos.interface import OptimizerWrapper
-
-if TYPE_CHECKING:
-    from kolossos.checkpoint_io import CheckpointIO, LoadReport
 
 Criterion = Callable[..., torch.Tensor]
 
-#: every model and optimizer a Booster has returned or consumed (to refuse boosting twice)
-_BOOSTED: weakref.WeakSet[Any] = weakref.WeakSet()
 _PIPELINE_PLUGINS = "HybridParallelPlugin with pp_size > 1"
+#: set on every model and optimizer a Booster consumed or returned (boosting twice is refused)
+_BOOSTED_MARK = "_kolossos_boosted"
 
 
-def _mark_once(obj: Any, what: str) -> None:
-    if obj in _BOOSTED:
+def _is_boosted(obj: Any) -> bool:
+    return bool(vars(obj).get(_BOOSTED_MARK, False))
+
+
+def _mark_boosted(obj: Any) -> None:
+    vars(obj)[_BOOSTED_MARK] = True  # kept on the object it describes (no global registry)
+
+
+def _check_fresh(obj: Any, what: str) -> None:
+    if _is_boosted(obj):
         raise RuntimeError(
             f"this {what} ({type(obj).__name__}) has already been boosted; boost each model and "
             "optimizer exactly once and keep using the objects booster.boost returned."
         )
-    _BOOSTED.add(obj)
 
 
 class Booster:
@@ -81,8 +87,6 @@ class Booster:
 
     # --- construction -----------------------------------------------------------------------
     def _resolve_device(self, device: str | torch.device | None) -> torch.device:
-        from kolossos.accelerator import get_accelerator
-
         own = get_accelerator().get_current_device()
         if device is None:
             return own
@@ -146,9 +150,12 @@ class Booster:
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}."
             )
-        _mark_once(model, "model")
+        _check_fresh(model, "model")
         if optimizer is not None:
-            _mark_once(optimizer, "optimizer")
+            _check_fresh(optimizer, "optimizer")
+        _mark_boosted(model)
+        if optimizer is not None:
+            _mark_boosted(optimizer)
         user_model = model
         if self.plugin is None or not self.plugin.control_device():
             model = model.to(self.device)
@@ -167,27 +174,16 @@ class Booster:
             model, wrapped_opt, criterion, dataloader, lr_scheduler = self.plugin.configure(
                 model, wrapped_opt, criterion, dataloader, lr_scheduler
             )
-        _BOOSTED.add(model)
+        _mark_boosted(model)
         if wrapped_opt is not None:
-            _BOOSTED.add(wrapped_opt)
+            _mark_boosted(wrapped_opt)
             self._optimizers_of.setdefault(model, []).append(wrapped_opt)
-            self._register_names(wrapped_opt, user_model)
+            if not wrapped_opt.has_param_names():
+                # Optimizer checkpoints are keyed by the model's parameter names (a tied
+                # parameter under its last name: the format this path has always written).
+                named = user_model.named_parameters(remove_duplicate=False)
+                wrapped_opt.set_param_names({p: n for n, p in named})
         return model, wrapped_opt, criterion, dataloader, lr_scheduler
-
-    @staticmethod
-    def _register_names(optimizer: OptimizerWrapper, model: nn.Module) -> None:
-        """Tell checkpoint IO the name of every optimized tensor, so optimizer checkpoints are
-        keyed by name. Optimizers holding master copies map each copy to its model parameter."""
-        from kolossos.checkpoint_io import register_param_names
-
-        names = {p: n for n, p in model.named_parameters(remove_duplicate=False)}
-        working = getattr(optimizer, "working_params", None)
-        params = list(optimizer.parameters())
-        mirrors = working() if callable(working) else params
-        mapping: dict[torch.Tensor, str] = {
-            p: names[w] for p, w in zip(params, mirrors, strict=True) if w in names
-        }
-        register_param_names(optimizer, mapping)
 
     def backward(self, loss: torch.Tensor, optimizer: OptimizerWrapper) -> None:
         """Back-propagate ``loss`` through the optimizer (which may scale it)."""
@@ -253,8 +249,6 @@ class Booster:
         """The checkpoint IO in use (the plugin's, or the general one)."""
         if self.plugin is not None and self.plugin.control_checkpoint_io():
             return self.plugin.get_checkpoint_io()
-        from kolossos.checkpoint_io import GeneralCheckpointIO
-
         return GeneralCheckpointIO()
 
     def save_model(
@@ -281,9 +275,7 @@ class Booster:
         """
         report = self.checkpoint_io.load_model(model, checkpoint, strict)
         for optimizer in self._optimizers_of.get(model, []):
-            sync = getattr(optimizer, "sync_master_weights", None)
-            if sync is not None:  # fp32 master copies must follow the loaded weights
-                sync()
+            optimizer.sync_master_weights()  # fp32 master copies follow the loaded weights
         return report
 
     def save_optimizer(

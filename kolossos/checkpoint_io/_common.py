@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["MiB", "check_save_args", "drain"]
+__all__ = ["MiB", "boosted", "check_save_args", "drain"]
+
+T = TypeVar("T")
 
 MiB = 1024 * 1024
 
@@ -28,3 +30,17 @@ def drain(items: Iterator[Any]) -> None:
     """Run an iterator to its end (a gathering hook must finish its collectives on every rank)."""
     for _ in items:
         pass
+
+
+def boosted(value: Any, cls: type[T], io: str, plugin: str, what: str) -> T:
+    """``value`` if it is a ``cls`` (what ``booster.boost`` returns with ``plugin``).
+
+    Raises:
+        TypeError: anything else, naming the checkpoint IO and the plugin.
+    """
+    if not isinstance(value, cls):
+        raise TypeError(
+            f"{io} saves and loads the {what} returned by booster.boost with {plugin} (a "
+            f"{cls.__name__}), got {type(value).__name__}."
+        )
+    return value

@@ -41,6 +41,8 @@ from kolossos.checkpoint_io import model_io, optimizer_io
 from kolossos.checkpoint_io._common import check_save_args
 from kolossos.checkpoint_io.backends import read_object_file, write_object_file
 from kolossos.checkpoint_io.errors import CheckpointError, LoadReport
+from kolossos.checkpoint_io.optim_format import named_param_groups
+from kolossos.checkpoint_io.param_names import unwrap_optimizer
 from kolossos.checkpoint_io.state_check import ModelLayout
 
 __all__ = ["CheckpointIO"]
@@ -136,9 +138,6 @@ class CheckpointIO(ABC):
     ) -> list[dict[str, Any]]:
         """The param groups' hyper-parameters, with ``params`` as lists of names (those of the
         innermost torch optimizer, whose groups every wrapper here keeps in the user's order)."""
-        from kolossos.checkpoint_io.optim_format import named_param_groups
-        from kolossos.checkpoint_io.param_names import unwrap_optimizer
-
         return named_param_groups(unwrap_optimizer(optimizer), names)
 
     @abstractmethod

@@ -81,11 +81,18 @@ class GeneralCheckpointIO(CheckpointIO):
         """Names and (global) shapes of the unwrapped model's state dict."""
         return ModelLayout.of_state_dict(unwrap_model(model).state_dict())
 
+    def place(self, value: Any, target: Any) -> Any:
+        """``value`` (a full tensor, or any state value) laid out like ``target`` for loading:
+        cut into ``target``'s ``DTensor`` slice; anything else unchanged. Subclasses whose
+        tensors are sharded differently override this one method."""
+        return _like(value, target)
+
     def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
-        """``load_state_dict(strict=False)`` of the piece (module load hooks run as usual)."""
+        """``load_state_dict(strict=False)`` of the piece, each value :meth:`place`-d like the
+        model's tensor (module load hooks run as usual)."""
         module = unwrap_model(model)
         targets = module.state_dict(keep_vars=True)
-        piece = {name: _like(value, targets[name]) for name, value in piece.items()}
+        piece = {name: self.place(value, targets[name]) for name, value in piece.items()}
         module.load_state_dict(piece, strict=False)
 
     # ------------------------------------------------------------------ optimizer
@@ -126,7 +133,8 @@ class GeneralCheckpointIO(CheckpointIO):
         states: Iterator[tuple[str, dict[str, Any]]],
         mapping: dict[str, str],
     ) -> None:
-        """Build a positional state dict for the torch optimizer and load it."""
+        """Build a positional state dict for the torch optimizer (each state value
+        :meth:`place`-d like its parameter) and load it."""
         optim = unwrap_optimizer(optimizer)
         params = {
             name: p
@@ -138,6 +146,6 @@ class GeneralCheckpointIO(CheckpointIO):
             for name, state in states:
                 if name in mapping:
                     target = params[mapping[name]]
-                    yield name, {k: _like(v, target) for k, v in state.items()}
+                    yield name, {k: self.place(v, target) for k, v in state.items()}
 
         optim.load_state_dict(to_torch_state_dict(names, header, laid_out(), mapping))

@@ -34,6 +34,7 @@ __all__ = [
     "OPTIM_FORMAT_VERSION",
     "build_header",
     "check_header",
+    "load_group_hyperparameters",
     "match_optimizer",
     "named_param_groups",
     "to_torch_state_dict",
@@ -173,3 +174,17 @@ def to_torch_state_dict(
         start += len(group)
         groups.append(entry)
     return {"state": state, "param_groups": groups}
+
+
+def load_group_hyperparameters(
+    optimizer: Optimizer,
+    names: list[list[str]],
+    header: Mapping[str, Any],
+    mapping: Mapping[str, str],
+) -> None:
+    """Set each param group's hyper-parameters (learning rate, betas, ...) of ``optimizer`` from
+    the saved group holding its parameters; the states are loaded separately (sharded
+    optimizers load them piece by piece)."""
+    hyper = to_torch_state_dict(names, header, iter(()), mapping)["param_groups"]
+    for group, saved in zip(optimizer.param_groups, hyper, strict=True):
+        group.update({k: v for k, v in saved.items() if k != "params"})

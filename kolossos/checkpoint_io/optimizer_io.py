@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kolossos.amp.grad_scaler import BaseGradScaler
 from kolossos.checkpoint_io._common import check_save_args, drain
 from kolossos.checkpoint_io.atomic import atomic_directory
 from kolossos.checkpoint_io.backends import write_object_file
@@ -33,6 +32,7 @@ from kolossos.checkpoint_io.optim_files import (
 from kolossos.checkpoint_io.optim_format import build_header, match_optimizer
 from kolossos.checkpoint_io.param_names import is_positional_name, unwrap_optimizer
 from kolossos.checkpoint_io.state_check import finish_report
+from kolossos.interface import LossScaler, OptimizerWrapper
 
 if TYPE_CHECKING:
     from kolossos.checkpoint_io.checkpoint_io_base import CheckpointIO, OptimizerLike
@@ -164,14 +164,7 @@ def load_optimizer(
     return report
 
 
-def find_loss_scaler(optimizer: Any) -> BaseGradScaler | None:
-    """The loss scaler of ``optimizer`` or of an optimizer it wraps (``.scaler`` attributes of
-    the fp16 wrappers: LossScaledOptimizer, LowLevelZero, Gemini, the hybrid plugin's)."""
-    seen: set[int] = set()
-    while optimizer is not None and id(optimizer) not in seen:
-        seen.add(id(optimizer))
-        scaler = getattr(optimizer, "scaler", None)
-        if isinstance(scaler, BaseGradScaler):
-            return scaler
-        optimizer = getattr(optimizer, "optim", None)
-    return None
+def find_loss_scaler(optimizer: Any) -> LossScaler | None:
+    """The fp16 loss scaler of a boosted optimizer (``None`` for a plain torch optimizer or
+    without loss scaling): see :meth:`kolossos.interface.OptimizerWrapper.get_loss_scaler`."""
+    return optimizer.get_loss_scaler() if isinstance(optimizer, OptimizerWrapper) else None

@@ -1,17 +1,16 @@
 """Which name each optimizer parameter has, so optimizer checkpoints are keyed by name.
 
-A torch optimizer only knows its parameters by position. The Booster calls
-:func:`register_param_names` after ``boost``; from then on :func:`optimizer_param_names` returns the
-model's names (``model.named_parameters()`` of the unwrapped model, each tied parameter once).
-Without a registration the names fall back to positions, ``param_groups[i].params[j]``, and a
-warning says so: such a checkpoint only loads into an optimizer with the same groups in the same
-order.
+A torch optimizer only knows its parameters by position. Names live on the optimizer object
+they describe: a boosted optimizer (an :class:`~kolossos.interface.OptimizerWrapper`) gets them
+from ``booster.boost`` (:meth:`~kolossos.interface.OptimizerWrapper.set_param_names`); a plain
+torch optimizer gets them from :func:`register_param_names`. Without names the checkpoint falls
+back to positions, ``param_groups[i].params[j]``, and a warning says so: such a checkpoint only
+loads into an optimizer with the same groups in the same order.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -28,8 +27,8 @@ __all__ = [
     "unwrap_optimizer",
 ]
 
-# torch optimizer -> weak reference to the model, or an explicit {id(param): name} mapping.
-_REGISTRY: weakref.WeakKeyDictionary[Optimizer, Any] = weakref.WeakKeyDictionary()
+#: where register_param_names keeps a plain torch optimizer's names (on the optimizer itself)
+_NAMES_ATTR = "_kolossos_param_names"
 
 
 def unwrap_optimizer(optimizer: Any) -> Optimizer:
@@ -48,16 +47,27 @@ def unwrap_optimizer(optimizer: Any) -> Optimizer:
     return optimizer
 
 
+def _names_of(model: nn.Module | Mapping[torch.Tensor, str]) -> dict[torch.Tensor, str]:
+    if isinstance(model, nn.Module):
+        return {p: name for name, p in unwrap_model(model).named_parameters()}
+    if isinstance(model, Mapping):
+        return {p: str(name) for p, name in model.items()}
+    raise TypeError(
+        f"model must be an nn.Module or a {{parameter: name}} mapping, got {type(model).__name__}"
+    )
+
+
 def register_param_names(
     optimizer: Optimizer | OptimizerWrapper, model: nn.Module | Mapping[torch.Tensor, str]
 ) -> None:
     """Remember that ``optimizer`` updates the parameters of ``model``, for name-keyed checkpoints.
 
+    The names are resolved now and stored on the optimizer.
+
     Args:
         optimizer: the optimizer (wrapped or not).
-        model: the model (wrappers and DDP are stripped when names are resolved), or an explicit
-            ``{parameter: name}`` mapping for optimizers whose parameters are not the model's
-            (e.g. master copies).
+        model: the model (wrappers and DDP are stripped), or an explicit ``{parameter: name}``
+            mapping (for optimizers whose parameters are not the model's).
 
     Example:
         >>> model = torch.nn.Linear(2, 2)
@@ -66,16 +76,11 @@ def register_param_names(
         >>> optimizer_param_names(opt)
         [['weight', 'bias']]
     """
-    optim = unwrap_optimizer(optimizer)
-    if isinstance(model, nn.Module):
-        _REGISTRY[optim] = weakref.ref(model)
-    elif isinstance(model, Mapping):
-        _REGISTRY[optim] = {id(p): str(name) for p, name in model.items()}
+    names = _names_of(model)
+    if isinstance(optimizer, OptimizerWrapper):
+        optimizer.set_param_names(names)
     else:
-        raise TypeError(
-            "model must be an nn.Module or a {parameter: name} mapping, got "
-            f"{type(model).__name__}"
-        )
+        vars(unwrap_optimizer(optimizer))[_NAMES_ATTR] = names
 
 
 def positional_name(group: int, position: int) -> str:
@@ -88,15 +93,21 @@ def is_positional_name(name: str) -> bool:
     return name.startswith("param_groups[")
 
 
-def _names_by_id(optim: Optimizer, model: nn.Module | None) -> dict[int, str] | None:
-    entry = _REGISTRY.get(optim)
-    if model is None and entry is not None:
-        if isinstance(entry, dict):
-            return entry
-        model = entry()
-    if model is None:
-        return None
-    return {id(p): name for name, p in unwrap_model(model).named_parameters()}
+def _lookup(
+    optimizer: Any, optim: Optimizer, model: nn.Module | None
+) -> Callable[[torch.Tensor], str | None]:
+    """A function giving the name of a tensor the torch optimizer steps (or ``None``)."""
+    wrapper = optimizer if isinstance(optimizer, OptimizerWrapper) else None
+    mirror: dict[torch.Tensor, torch.Tensor] = {}
+    if wrapper is not None:
+        mirror = dict(zip(wrapper.parameters(), wrapper.working_params(), strict=True))
+    if model is not None:
+        table: Mapping[torch.Tensor, str] = _names_of(model)
+    elif wrapper is not None and wrapper.has_param_names():
+        return lambda p: wrapper.param_name(mirror.get(p, p))
+    else:
+        table = vars(optim).get(_NAMES_ATTR) or {}
+    return lambda p: table.get(mirror.get(p, p))
 
 
 def optimizer_param_names(
@@ -104,8 +115,9 @@ def optimizer_param_names(
 ) -> list[list[str]]:
     """Return the name of every parameter of ``optimizer``, group by group, in group order.
 
-    Names come from ``model`` if given, else from the registration; parameters the model does not
-    know (and every parameter when nothing is known) get positional names.
+    Names come from ``model`` if given, else from the names stored on the optimizer; a master
+    copy is named after the model parameter it mirrors. Parameters without a name (every
+    parameter when nothing is known) get positional names.
 
     Args:
         optimizer: the optimizer (wrapped or not).
@@ -115,7 +127,7 @@ def optimizer_param_names(
         ValueError: the optimizer holds the same parameter twice.
     """
     optim = unwrap_optimizer(optimizer)
-    by_id = _names_by_id(optim, model) or {}
+    lookup = _lookup(optimizer, optim, model)
     names: list[list[str]] = []
     seen: set[int] = set()
     for g, group in enumerate(optim.param_groups):
@@ -127,6 +139,6 @@ def optimizer_param_names(
                     "each parameter may appear in one param group only."
                 )
             seen.add(id(param))
-            group_names.append(by_id.get(id(param), positional_name(g, j)))
+            group_names.append(lookup(param) or positional_name(g, j))
         names.append(group_names)
     return names

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from kolossos.accelerator import get_accelerator
 from kolossos.cluster import mesh_math
 
 AxisLike = int | str
@@ -61,8 +62,6 @@ class ProcessGroupMesh:
                 "choose axis sizes whose product is the number of processes."
             )
         if device_type is None:
-            from kolossos.accelerator import get_accelerator
-
             device_type = get_accelerator().name
         self._shape = shape
         self._names = names

@@ -22,8 +22,6 @@ import torch
 import torch.nn as nn
 
 from kolossos.checkpoint_io import GeneralCheckpointIO, LoadReport
-from kolossos.checkpoint_io.optim_format import to_torch_state_dict
-from kolossos.checkpoint_io.param_names import unwrap_optimizer
 from kolossos.checkpoint_io.state_check import unique_tensors
 from kolossos.fsdp.dcp import _reshard, find_dcp_directory, load_model_dcp, save_model_dcp
 from kolossos.fsdp.dcp_optimizer import load_optimizer_dcp, save_optimizer_dcp
@@ -165,13 +163,10 @@ class FSDPCheckpointIO(GeneralCheckpointIO):
                 value = _distinct(value.full_tensor(), index)  # collective
             yield name, value
 
-    def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
-        """Keep this rank's shard of each full tensor and load it."""
-        module = unwrap_model(model)
-        targets = module.state_dict(keep_vars=True)
-        module.load_state_dict(
-            {name: shard_like(value, targets[name]) for name, value in piece.items()}, strict=False
-        )
+    def place(self, value: Any, target: Any) -> Any:
+        """This rank's shard of a full tensor (:func:`shard_like`), on the device (and in the
+        memory) of the shard it replaces."""
+        return shard_like(value, target)
 
     # ------------------------------------------------------------------ optimizer
     def save_optimizer(
@@ -195,27 +190,3 @@ class FSDPCheckpointIO(GeneralCheckpointIO):
         if directory is not None:
             return load_optimizer_dcp(self, optimizer, directory)
         return super().load_optimizer(optimizer, checkpoint)
-
-    def load_optimizer_state(
-        self,
-        optimizer: Any,
-        names: list[list[str]],
-        header: dict[str, Any],
-        states: Iterator[tuple[str, dict[str, Any]]],
-        mapping: dict[str, str],
-    ) -> None:
-        """Cut full states shaped like their parameter down to this rank's shard, then load."""
-        optim = unwrap_optimizer(optimizer)
-        params = {
-            name: p
-            for group, group_names in zip(optim.param_groups, names, strict=True)
-            for p, name in zip(group["params"], group_names, strict=True)
-        }
-
-        def laid_out() -> Iterator[tuple[str, dict[str, Any]]]:
-            for name, state in states:
-                if name in mapping:
-                    target = params[mapping[name]]
-                    yield name, {k: shard_like(v, target) for k, v in state.items()}
-
-        optim.load_state_dict(to_torch_state_dict(names, header, laid_out(), mapping))

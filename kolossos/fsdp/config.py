@@ -8,13 +8,15 @@ happens later, in :func:`kolossos.fsdp.mesh.build_mesh`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn as nn
+
+from kolossos.amp import LossScalePolicy
+from kolossos.utils.checks import check_flags
 
 __all__ = ["CHECKPOINT_FORMATS", "PRECISIONS", "SHARDING_MODES", "TorchFSDPConfig"]
 
@@ -91,20 +93,8 @@ class TorchFSDPConfig:
     """``hf``: ``shard=True`` saves write Hugging Face shards / the name-keyed optimizer format
     (gathered); ``dcp``: they write ``torch.distributed.checkpoint`` directories (each rank its
     own shards)."""
-    initial_scale: float = 2**16
-    """fp16 only: the first loss scale."""
-    min_scale: float = 1
-    """fp16 only: the loss scale never backs off below this."""
-    growth_factor: float = 2
-    """fp16 only: multiplier after ``growth_interval`` clean steps."""
-    backoff_factor: float = 0.5
-    """fp16 only: multiplier after an overflow."""
-    growth_interval: int = 1000
-    """fp16 only: clean steps between growths."""
-    hysteresis: int = 2
-    """fp16 only: overflows tolerated before backing off."""
-    max_scale: float = 2**32
-    """fp16 only: the loss scale never grows beyond this."""
+    loss_scale: LossScalePolicy = field(default_factory=LossScalePolicy)
+    """fp16 only: the dynamic loss-scale policy (``initial_scale=2**16`` ...)."""
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDING_MODES:
@@ -120,17 +110,19 @@ class TorchFSDPConfig:
                 f"checkpoint_format={self.checkpoint_format!r} must be 'hf' (Hugging Face files, "
                 "gathered) or 'dcp' (torch.distributed.checkpoint, one file per rank)."
             )
-        for name in (
-            "offload_params",
-            "backward_prefetch",
-            "forward_prefetch",
-            "cast_forward_inputs",
-            "sync_module_states",
-        ):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False.")
+        check_flags(
+            self,
+            (
+                "offload_params",
+                "backward_prefetch",
+                "forward_prefetch",
+                "cast_forward_inputs",
+                "sync_module_states",
+            ),
+        )
         self._check_dtypes()
-        self._check_scaler()
+        if not isinstance(self.loss_scale, LossScalePolicy):
+            raise TypeError(f"loss_scale={self.loss_scale!r} must be a LossScalePolicy.")
         if self.param_init_fn is not None and not callable(self.param_init_fn):
             raise TypeError(
                 f"param_init_fn={self.param_init_fn!r} must be a callable taking the module."
@@ -154,18 +146,6 @@ class TorchFSDPConfig:
                 f"param_dtype={self.param_dtype}; make them agree (e.g. precision='bf16' with "
                 "MixedPrecision(param_dtype=torch.bfloat16))."
             )
-
-    def _check_scaler(self) -> None:
-        for name in ("initial_scale", "min_scale", "growth_factor", "backoff_factor", "max_scale"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name}={value!r} must be a number.")
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name}={value!r} must be a positive finite number.")
-        for name in ("growth_interval", "hysteresis"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an int >= 1.")
 
     # --- derived values -------------------------------------------------------------------
     @property

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from kolossos.accelerator import get_accelerator
+from kolossos.amp import LossScalePolicy
 from kolossos.fsdp.config import PRECISIONS, SHARDING_MODES, TorchFSDPConfig
 
 __all__ = ["FSDP1_EXTRA_KWARGS", "build_config"]
@@ -183,8 +185,6 @@ def _check_process_group(process_group: Any, device_mesh: Any, sharding: str) ->
 
 
 def _check_device_id(device_id: Any) -> None:
-    from kolossos.accelerator import get_accelerator
-
     own = get_accelerator().get_current_device()
     is_index = isinstance(device_id, int) and not isinstance(device_id, bool)
     wanted = torch.device("cuda", device_id) if is_index else torch.device(device_id)
@@ -231,8 +231,8 @@ def build_config(
     *,
     precision: str = "fp32",
     checkpoint_format: str = "hf",
-    scaler: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
+    loss_scale: LossScalePolicy | None = None,
+    **extra: Any,
 ) -> TorchFSDPConfig:
     """Validate the plugin's arguments and map them onto FSDP2 (no collective is run).
 
@@ -240,8 +240,8 @@ def build_config(
         process_group ... sync_module_states: Colossal-AI's (FSDP1's) arguments.
         precision: ``fp32``, ``bf16`` or ``fp16``.
         checkpoint_format: ``hf`` or ``dcp`` (what sharded saves write).
-        scaler: fp16 loss-scale settings (``initial_scale``, ``growth_interval``, ...).
-        extra: further FSDP1 arguments (:data:`FSDP1_EXTRA_KWARGS`).
+        loss_scale: the fp16 loss-scale policy (default: :class:`~kolossos.amp.LossScalePolicy`).
+        **extra: further FSDP1 arguments (:data:`FSDP1_EXTRA_KWARGS`).
 
     Raises:
         TypeError / ValueError: a bad value, naming the argument.
@@ -253,7 +253,7 @@ def build_config(
         >>> cfg.reshard_after_forward, cfg.param_dtype, cfg.reduce_dtype
         (False, torch.bfloat16, torch.float32)
     """
-    extras = _extras(extra or {})
+    extras = _extras(extra)
     sharding = _sharding(sharding_strategy)
     _check_process_group(process_group, extras["device_mesh"], sharding)
     return TorchFSDPConfig(
@@ -267,6 +267,6 @@ def build_config(
         checkpoint_format=checkpoint_format,
         **extras,
         **_mixed_precision(precision, mixed_precision),
-        **_ignored(ignored_modules, (extra or {}).get("ignored_states")),
-        **dict(scaler or {}),
+        **_ignored(ignored_modules, extra.get("ignored_states")),
+        loss_scale=loss_scale if loss_scale is not None else LossScalePolicy(),
     )

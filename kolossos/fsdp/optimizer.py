@@ -141,6 +141,10 @@ class FSDPOptimizer(OptimizerWrapper):
         """The current loss scale (1.0 without fp16)."""
         return self.scaler.scale if self.scaler is not None else 1.0
 
+    def get_loss_scaler(self) -> BaseGradScaler | None:
+        """The fp16 loss scaler (``None`` without fp16 compute)."""
+        return self.scaler
+
     @property
     def last_step_skipped(self) -> bool:
         """Whether the latest ``step`` was skipped because some rank overflowed (fp16)."""

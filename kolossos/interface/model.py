@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 
 
 class ModelWrapper(nn.Module):
@@ -37,8 +38,6 @@ class ModelWrapper(nn.Module):
 
 def unwrap_model(module: nn.Module) -> nn.Module:
     """Strip :class:`ModelWrapper` and torch DDP layers until the user's module is reached."""
-    from torch.nn.parallel import DistributedDataParallel
-
     while isinstance(module, (ModelWrapper, DistributedDataParallel)):
         module = module.module
     return module

@@ -1,17 +1,24 @@
 """``OptimizerWrapper``: what a plugin returns for an optimizer.
 
 It forwards the ``torch.optim.Optimizer`` interface and adds ``backward`` (so a wrapper can scale
-the loss or hook gradients), clipping by norm and by value, and ``unwrap``.
+the loss or hook gradients), clipping by norm and by value, ``unwrap``, and the contract the
+Booster and checkpoint IO rely on: the model parameters behind the optimized tensors
+(:meth:`~OptimizerWrapper.working_params`), their names, master-weight resynchronisation and the
+loss scaler. Subclasses override what differs; the defaults describe a plain optimizer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.nn as nn
 from torch.optim import Optimizer
+
+from kolossos.interface.model import unwrap_model
+from kolossos.interface.protocols import LossScaler
 
 
 class OptimizerWrapper:
@@ -36,6 +43,7 @@ class OptimizerWrapper:
                 "optimizer over the model's parameters and pass it to booster.boost."
             )
         self.optim = optim
+        self._param_names: dict[torch.Tensor, str] = {}
 
     # --- the torch.optim.Optimizer interface ------------------------------------------------
     @property
@@ -112,6 +120,40 @@ class OptimizerWrapper:
         _check_clip(clip_value, "clip_value")
         params = [p for p in self.parameters() if p.grad is not None]
         torch.nn.utils.clip_grad_value_(params, clip_value)
+
+    # --- the contract with the Booster and checkpoint IO ----------------------------------------
+    def working_params(self) -> list[torch.Tensor]:
+        """The model parameter behind each tensor of :meth:`parameters`, in the same order.
+
+        A wrapper stepping fp32 master copies returns the (low-precision) parameter each master
+        mirrors; a plain optimizer steps the model's parameters themselves.
+        """
+        return list(self.parameters())
+
+    def sync_master_weights(self) -> None:
+        """Let master copies follow model weights changed from outside (a loaded model
+        checkpoint); nothing to do without master copies."""
+
+    def get_loss_scaler(self) -> LossScaler | None:
+        """The fp16 loss scaler of this wrapper or of the wrapper it wraps (``None``: no loss
+        scaling). Optimizer checkpoints save and restore its state."""
+        inner = self.optim
+        return inner.get_loss_scaler() if isinstance(inner, OptimizerWrapper) else None
+
+    def set_param_names(self, names: nn.Module | Mapping[torch.Tensor, str]) -> None:
+        """Name the model parameters (for name-keyed checkpoints): from a model (wrappers are
+        stripped; a tied parameter keeps its first name) or a ``{parameter: name}`` mapping."""
+        if isinstance(names, nn.Module):
+            names = {p: n for n, p in unwrap_model(names).named_parameters()}
+        self._param_names = dict(names)
+
+    def has_param_names(self) -> bool:
+        """Whether :meth:`set_param_names` was called."""
+        return bool(self._param_names)
+
+    def param_name(self, param: torch.Tensor) -> str | None:
+        """The name of model parameter ``param`` (see :meth:`set_param_names`), if known."""
+        return self._param_names.get(param)
 
     def unwrap(self) -> Optimizer:
         """The innermost ``torch.optim.Optimizer``."""

@@ -16,12 +16,13 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kolossos._lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from kolossos.legacy.layers import CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear
     from kolossos.nn import layer, lr_scheduler, optimizer
-    from kolossos.nn.layer.legacy import CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear
     from kolossos.nn.layer.parallel_1d import (
         Dropout1D,
         Embedding1D,
@@ -40,7 +41,12 @@ _LAYERS_1D = (
     "Linear1D_Row",
     "VocabParallelEmbedding1D",
 )
-_SUBMODULES = ("layer", "lr_scheduler", "optimizer")
+_LAZY: dict[str, tuple[str, str | None]] = {
+    **{name: (f"kolossos.nn.{name}", None) for name in ("layer", "lr_scheduler", "optimizer")},
+    **{name: ("kolossos.nn.optimizer", name) for name in _OPTIMIZERS},
+    **{name: ("kolossos.legacy.layers", name) for name in _LAYERS},
+    **{name: ("kolossos.nn.layer.parallel_1d", name) for name in _LAYERS_1D},
+}
 
 __all__ = [
     "CPUAdam",
@@ -64,20 +70,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        value = importlib.import_module(f"kolossos.nn.{name}")
-    elif name in _OPTIMIZERS:
-        value = getattr(importlib.import_module("kolossos.nn.optimizer"), name)
-    elif name in _LAYERS:
-        value = getattr(importlib.import_module("kolossos.nn.layer.legacy"), name)
-    elif name in _LAYERS_1D:
-        value = getattr(importlib.import_module("kolossos.nn.layer.parallel_1d"), name)
-    else:
-        raise AttributeError(f"module 'kolossos.nn' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)

@@ -5,9 +5,9 @@ parameters across stages, and a schedule simulator (``python -m kolossos.pipelin
 See docs/pipeline.md.
 """
 
+from kolossos.pipeline.build import build_pipeline_model
 from kolossos.pipeline.p2p import PipelineP2P
 from kolossos.pipeline.partition import (
-    build_pipeline_model,
     partition_balanced,
     partition_layers,
     partition_uniform,

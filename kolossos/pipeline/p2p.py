@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from kolossos.accelerator import get_accelerator
+
 __all__ = ["P2PStats", "PipelineP2P", "TensorSpec", "decode_metadata", "encode_metadata"]
 
 META_SIZE = 128
@@ -118,8 +120,6 @@ class PipelineP2P:
         enable_metadata_cache: bool = True,
     ) -> None:
         if device is None:
-            from kolossos.accelerator import get_accelerator
-
             device = get_accelerator().get_current_device()
         self.group = group
         self.device = device

@@ -1,7 +1,15 @@
 """Parameters shared between pipeline stages (e.g. a word embedding on the first stage tied to
 the LM head on the last): one copy per stage, made equal at registration and kept equal by
-summing their gradients over the sharing ranks after every backward (what the single-process
-tied parameter receives), so identical optimizer steps follow."""
+summing their gradients over the sharing ranks after every pipeline step (what the
+single-process tied parameter receives), so identical optimizer steps follow.
+
+This is the one tied-weight synchronisation of kolossos: the schedules call
+:func:`stash_shared_gradients` / :func:`sync_shared_gradients` around every step, and the hybrid
+engine registers the parameters its model plans tie across stages here. Gradients are summed in
+place, so gradients that are views of a ZeRO flat buffer stay views. For clipping and
+checkpoints a shared parameter counts once: the copy of the lowest position owns it
+(:func:`is_pp_duplicate` marks the others).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +21,19 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed import ProcessGroup
 
-__all__ = ["PipelineSharedModuleWrapper", "stash_shared_gradients", "sync_shared_gradients"]
+from kolossos.cluster.collectives import all_reduce_coalesced, comm_device
+from kolossos.cluster.mesh_math import all_groups
+from kolossos.pipeline.stage_manager import PipelineStageManager
 
-_ATTR = "_kolossos_pp_shared"
-_ids = itertools.count()
+__all__ = [
+    "PipelineSharedModuleWrapper",
+    "is_pp_duplicate",
+    "stash_shared_gradients",
+    "sync_shared_gradients",
+]
+
+_ATTR = "_kolossos_pp_shared"  # set on each registered copy: the wrapper sharing it
+_ids = itertools.count()  # creation order, the same on every rank (every rank creates each)
 
 
 class PipelineSharedModuleWrapper:
@@ -40,11 +57,10 @@ class PipelineSharedModuleWrapper:
         >>> if last: wrapper.register_parameter(head.weight)  # doctest: +SKIP
     """
 
-    def __init__(self, pipeline_ranks: Sequence[int], stage_manager: object | None = None) -> None:
-        from kolossos.pipeline.stage_manager import PipelineStageManager
-
+    def __init__(
+        self, pipeline_ranks: Sequence[int], stage_manager: PipelineStageManager | None = None
+    ) -> None:
         manager = stage_manager or PipelineStageManager.default()
-        assert isinstance(manager, PipelineStageManager)
         positions = sorted(set(pipeline_ranks))
         if len(positions) < 2 or not all(0 <= p < manager.pp_size for p in positions):
             raise ValueError(
@@ -56,23 +72,18 @@ class PipelineSharedModuleWrapper:
         self.id = next(_ids)
         self.group: ProcessGroup | None = None
         self.ranks: list[int] = []
-        for ranks in self._all_pipelines(manager, positions):
+        for ranks in _all_pipelines(manager, positions):
             # SYNC POINT: new_group is collective; every process creates every group in order.
             group = dist.new_group(ranks)
             if dist.get_rank() in ranks:
                 self.group, self.ranks = group, ranks
         self.params: list[nn.Parameter] = []
 
-    @staticmethod
-    def _all_pipelines(manager: object, positions: list[int]) -> list[list[int]]:
-        from kolossos.cluster.mesh_math import all_groups
-
-        mesh = getattr(manager, "pg_mesh", None)
-        if mesh is None:
-            return [positions]
-        axis = mesh.axis_index(manager.pipeline_axis)  # type: ignore[attr-defined]
-        pipelines = all_groups(mesh.shape, (axis,))
-        return [[line[p] for p in positions] for line in pipelines]
+    @property
+    def owns_copy(self) -> bool:
+        """Whether this rank's copy is the one clipping and checkpoints count (the lowest
+        position's)."""
+        return self.stage_manager.stage == self.pipeline_ranks[0]
 
     def register_module(self, module: nn.Module) -> None:
         """Share every parameter of ``module`` (in ``module.parameters()`` order)."""
@@ -91,9 +102,10 @@ class PipelineSharedModuleWrapper:
                 f"pipeline position {self.stage_manager.stage} (rank {dist.get_rank()}) is not in "
                 f"this wrapper's positions {self.pipeline_ranks}; register only there."
             )
+        device = comm_device(self.group)
         # SYNC POINT: every sharing rank registers the same number of parameters, in order.
         shape = torch.tensor([param.numel(), *param.shape[:4], param.dim()], dtype=torch.int64)
-        shape = torch.nn.functional.pad(shape, (0, 6 - shape.numel()))
+        shape = torch.nn.functional.pad(shape, (0, 6 - shape.numel())).to(device)
         shapes = [torch.zeros_like(shape) for _ in self.ranks]
         dist.all_gather(shapes, shape, group=self.group)
         if any(not torch.equal(s, shapes[0]) for s in shapes):
@@ -102,49 +114,73 @@ class PipelineSharedModuleWrapper:
                 "other sizes on other stages; register matching parameters in the same order."
             )
         with torch.no_grad():
-            dist.broadcast(param.data, src=self.ranks[0], group=self.group)
+            buf = param.data.to(device)
+            dist.broadcast(buf, src=self.ranks[0], group=self.group)
+            param.data.copy_(buf)
         setattr(param, _ATTR, self)
         self.params.append(param)
 
+    @torch.no_grad()
     def sync_gradients(self, before: dict[int, torch.Tensor] | None = None) -> None:
-        """Sum the registered parameters' gradients over the sharing ranks (missing gradients
-        count as zeros). ``before``: gradients accumulated before this step (by ``id`` of the
-        parameter, see :func:`stash_shared_gradients`); they were summed already, so they are
-        added back after the sum instead of being summed again."""
+        """Sum the registered parameters' gradients over the sharing ranks, in place (missing
+        gradients count as zeros). ``before``: gradients accumulated before this step (by ``id``
+        of the parameter, see :func:`stash_shared_gradients`); they were summed already, so they
+        are added back after the sum instead of being summed again."""
         if self.group is None or not self.params:
             return
-        before = before or {}
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.group)  # SYNC POINT
-        offset = 0
         for p in self.params:
-            n = p.numel()
-            grad = flat[offset : offset + n].view_as(p).clone()
-            p.grad = grad + before[id(p)] if id(p) in before else grad
-            offset += n
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        all_reduce_coalesced([p.grad for p in self.params if p.grad is not None], self.group)
+        for p in self.params:
+            if before and id(p) in before and p.grad is not None:
+                p.grad.add_(before[id(p)])
+
+
+def _all_pipelines(manager: PipelineStageManager, positions: list[int]) -> list[list[int]]:
+    """The global ranks at ``positions`` of every pipeline of the mesh."""
+    mesh = manager.pg_mesh
+    if mesh is None:
+        return [positions]
+    axis = mesh.axis_index(manager.pipeline_axis)
+    return [[line[p] for p in positions] for line in all_groups(mesh.shape, (axis,))]
+
+
+def shared_wrapper_of(param: torch.Tensor) -> PipelineSharedModuleWrapper | None:
+    """The wrapper ``param`` was registered with, if any."""
+    wrapper = vars(param).get(_ATTR)
+    return wrapper if isinstance(wrapper, PipelineSharedModuleWrapper) else None
+
+
+def is_pp_duplicate(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a shared copy that another pipeline position counts (clipping) and
+    saves (checkpoints)."""
+    wrapper = shared_wrapper_of(param)
+    return wrapper is not None and not wrapper.owns_copy
 
 
 def _wrappers(modules: Iterable[nn.Module]) -> dict[int, PipelineSharedModuleWrapper]:
     found: dict[int, PipelineSharedModuleWrapper] = {}
     for module in modules:
         for p in module.parameters():
-            wrapper = getattr(p, _ATTR, None)
+            wrapper = shared_wrapper_of(p)
             if wrapper is not None:
                 found[wrapper.id] = wrapper
     return found
 
 
+@torch.no_grad()
 def stash_shared_gradients(modules: Iterable[nn.Module]) -> dict[int, torch.Tensor]:
     """Take the gradients the shared parameters in ``modules`` hold now (already summed by an
-    earlier step) out of ``.grad``, so that the next :func:`sync_shared_gradients` sums only
-    this step's contributions (gradient accumulation over several steps stays exact)."""
+    earlier step) out of ``.grad`` (a copy is kept and ``.grad`` zeroed in place), so that the
+    next :func:`sync_shared_gradients` sums only this step's contributions (gradient
+    accumulation over several steps stays exact)."""
     stash: dict[int, torch.Tensor] = {}
     for wrapper in _wrappers(modules).values():
         for p in wrapper.params:
             if p.grad is not None:
-                stash[id(p)] = p.grad
-                p.grad = None
+                stash[id(p)] = p.grad.clone()
+                p.grad.zero_()
     return stash
 
 

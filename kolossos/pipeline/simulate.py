@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from kolossos.pipeline.schedule.table import ActionKind, ScheduleTable, dependencies
+from kolossos.pipeline.schedule.registry import SCHEDULES, build_table, schedule_names
+from kolossos.pipeline.schedule.simulation import Costs, DeadlockError, Timeline, simulate
+from kolossos.pipeline.schedule.table import ActionKind
 
 __all__ = [
     "Costs",
@@ -30,127 +31,23 @@ __all__ = [
 ]
 
 
-class DeadlockError(RuntimeError):
-    """The ranks' action orders wait on each other in a cycle."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Costs:
-    """Modelled duration of each action, in arbitrary time units."""
-
-    forward: float = 1.0
-    """one micro-batch through one chunk"""
-    backward: float = 2.0
-    """full backward (input and weight gradients)"""
-    input_grad: float = 1.0
-    """split backward, input-gradient part"""
-    weight_grad: float = 1.0
-    """split backward, weight-gradient part"""
-    comm: float = 0.0
-    """latency of a message between two ranks"""
-
-    def __post_init__(self) -> None:
-        for name in ("forward", "backward", "input_grad", "weight_grad", "comm"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"Costs.{name}={getattr(self, name)} must be >= 0.")
-
-    def of(self, kind: ActionKind, split: bool) -> float:
-        """Duration of an action of ``kind`` (``split``: the table splits the backward)."""
-        if kind is ActionKind.F:
-            return self.forward
-        if kind is ActionKind.W:
-            return self.weight_grad
-        return self.input_grad if split else self.backward
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """Start and end time of every action of every rank (``spans[r][k]`` for the ``k``-th action
-    of rank ``r``)."""
-
-    table: ScheduleTable
-    spans: tuple[tuple[tuple[float, float], ...], ...]
-
-    @property
-    def makespan(self) -> float:
-        """Time from the first start to the last end."""
-        return max((s[-1][1] for s in self.spans if s), default=0.0)
-
-    def busy(self, rank: int) -> float:
-        """Total compute time of ``rank``."""
-        return sum(end - start for start, end in self.spans[rank])
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of ``pp_size x makespan`` (0: every rank always busy)."""
-        total = self.table.pp_size * self.makespan
-        return 1.0 - sum(self.busy(r) for r in range(self.table.pp_size)) / total if total else 0.0
-
-
-def simulate(table: ScheduleTable, costs: Costs | None = None) -> Timeline:
-    """Execute ``table`` on modelled costs (each action as early as its rank and inputs allow).
-
-    Raises:
-        DeadlockError: some ranks can never proceed (cyclic waits between their orders).
-    """
-    costs = costs or Costs()
-    n = table.num_stages
-    done: dict[tuple[ActionKind, int, int], tuple[float, int]] = {}  # -> (end time, rank)
-    spans: list[list[tuple[float, float]]] = [[] for _ in range(table.pp_size)]
-    clock = [0.0] * table.pp_size
-    pos = [0] * table.pp_size
-    remaining = sum(len(a) for a in table.ranks)
-    while remaining:
-        progress = False
-        for rank, actions in enumerate(table.ranks):
-            while pos[rank] < len(actions):
-                action = actions[pos[rank]]
-                stage = table.stage_of(rank, action.chunk)
-                deps = dependencies(action.kind, stage, action.microbatch, n)
-                if any(d not in done for d in deps):
-                    break
-                start = clock[rank]
-                for d in deps:
-                    end, owner = done[d]
-                    start = max(start, end + (costs.comm if owner != rank else 0.0))
-                end = start + costs.of(action.kind, table.split_backward)
-                done[(action.kind, stage, action.microbatch)] = (end, rank)
-                spans[rank].append((start, end))
-                clock[rank] = end
-                pos[rank] += 1
-                remaining -= 1
-                progress = True
-        if not progress:
-            stuck = [
-                f"rank {r} at {table.ranks[r][pos[r]]}"
-                for r in range(table.pp_size)
-                if pos[r] < len(table.ranks[r])
-            ]
-            raise DeadlockError(f"{table.name} deadlocks: {', '.join(stuck)} wait in a cycle.")
-    return Timeline(table, tuple(tuple(s) for s in spans))
-
-
 def closed_form_bubble(
     name: str, pp_size: int, num_microbatches: int, num_chunks: int = 1
 ) -> float | None:
-    """The textbook bubble fraction of a schedule with ``F = 1``, ``B = 2`` (or ``B = W = 1``)
-    and free communication, or ``None`` when there is no simple formula.
+    """The textbook bubble fraction of registered schedule ``name`` with ``F = 1``, ``B = 2``
+    (or ``B = W = 1``) and free communication (its
+    :class:`~kolossos.pipeline.schedule.registry.ScheduleSpec`'s ``closed_form``), or
+    ``None`` when there is no simple formula (or no such schedule).
 
     GPipe and 1F1B: ``(p-1)/(m+p-1)``; interleaved with ``v`` chunks: ``(p-1)/(v m+p-1)``;
     ZB-H1 (the deferred ``W`` parts fill two thirds of 1F1B's bubble): ``(p-1)/(3m+p-1)``;
     ZB-V (only the start-up wait of ``r`` units on rank ``r`` is left): ``(p-1)/(6m+p-1)``. The
     zero-bubble forms hold for ``m >= p``; with fewer micro-batches the bubble is larger.
     """
-    p, m, v = pp_size, num_microbatches, num_chunks
-    if name in ("gpipe", "1f1b"):
-        return (p - 1) / (m + p - 1)
-    if name == "interleaved":
-        return (p - 1) / (v * m + p - 1)
-    if name == "zbh1" and m >= p:
-        return (p - 1) / (3 * m + p - 1)
-    if name == "zbv" and m >= p:
-        return (p - 1) / (6 * m + p - 1)
-    return None
+    spec = SCHEDULES.get(name)
+    if spec is None or spec.closed_form is None:
+        return None
+    return spec.closed_form(pp_size, num_microbatches, num_chunks)
 
 
 def format_gantt(timeline: Timeline, width: int = 100) -> str:
@@ -206,10 +103,8 @@ def write_png(timeline: Timeline, path: Path) -> None:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    from kolossos.pipeline.schedule.registry import SCHEDULES
-
     p = argparse.ArgumentParser(prog="python -m kolossos.pipeline.simulate", description=__doc__)
-    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
+    p.add_argument("--schedule", choices=schedule_names(), default="1f1b")
     p.add_argument("--pp", type=int, default=4, help="pipeline ranks")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--chunks", type=int, help="model chunks per rank (interleaved; zbv: 2)")
@@ -226,8 +121,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit status."""
-    from kolossos.pipeline.schedule.registry import build_table
-
     args = _parse(argv)
     table = build_table(args.schedule, args.pp, args.microbatches, args.chunks)
     costs = Costs(forward=args.forward, backward=args.backward, input_grad=args.input_grad,

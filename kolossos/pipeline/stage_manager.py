@@ -9,7 +9,9 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from kolossos.cluster import ProcessGroupMesh
 from kolossos.pipeline import layout as _layout
+from kolossos.pipeline.partition import bounds_from_counts, per_rank, uniform_bounds
 
 
 class PipelineStageManager:
@@ -46,8 +48,6 @@ class PipelineStageManager:
         layout: str = "loop",
     ) -> None:
         if pg_mesh is None:
-            from kolossos.cluster import ProcessGroupMesh
-
             if not dist.is_initialized():
                 raise RuntimeError(
                     "PipelineStageManager needs torch.distributed; call kolossos.launch_from_torch"
@@ -134,8 +134,6 @@ class PipelineStageManager:
         Raises:
             ValueError: fewer layers than virtual stages.
         """
-        from kolossos.pipeline.partition import uniform_bounds
-
         if num_layers < self.num_virtual_stages:
             raise ValueError(
                 f"{num_layers} layers cannot fill {self.num_virtual_stages} pipeline stages; use "
@@ -152,8 +150,6 @@ class PipelineStageManager:
         Raises:
             ValueError: counts that are not one positive number per virtual stage.
         """
-        from kolossos.pipeline.partition import bounds_from_counts, per_rank
-
         if len(layers_per_stage) != self.num_virtual_stages:
             raise ValueError(
                 f"layers_per_stage has {len(layers_per_stage)} entries for "

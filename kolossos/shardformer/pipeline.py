@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from kolossos.shardformer.policies.base_policy import StageLayout
+from kolossos.shardformer.shardformer import _resolve_plan
 
 __all__ = ["StageRange", "build_stage_chunk", "check_layout_covers", "layout_of"]
 
@@ -63,8 +64,6 @@ def layout_of(model: nn.Module, policy: Any = None) -> StageLayout:
     Raises:
         ValueError / NotImplementedError: no plan for the model (the plan lookup's message).
     """
-    from kolossos.shardformer.shardformer import _resolve_plan
-
     return _resolve_plan(model, policy).layout
 
 

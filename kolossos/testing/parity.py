@@ -8,7 +8,8 @@ full-batch loss for a mean-reduced criterion and equal shards) and parameters at
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TypeAlias
 
 import torch
 import torch.distributed as dist
@@ -87,3 +88,79 @@ def assert_same_on_all_ranks(module: nn.Module, group: dist.ProcessGroup | None 
         ref = local.clone()
         dist.broadcast(ref, src=dist.get_global_rank(group, 0) if group else 0, group=group)
         assert torch.equal(local, ref), f"parameter {name} differs from rank 0's"
+
+
+Named: TypeAlias = "nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]"
+
+
+def _named(params: Named) -> dict[str, torch.Tensor]:
+    return dict(params.named_parameters() if isinstance(params, nn.Module) else params)
+
+
+def snapshot(params: Named) -> dict[str, torch.Tensor]:
+    """Detached fp32 copies of named tensors (a module's parameters, a mapping or ``(name,
+    tensor)`` pairs): the "before" of :func:`assert_moved`, taken before training."""
+    return {name: t.detach().float().clone() for name, t in _named(params).items()}
+
+
+def assert_moved(
+    before: Named,
+    after: Named,
+    atol: float,
+    factor: float = 10.0,
+    *,
+    each: float | None = None,
+    exclude: Iterable[str] = (),
+) -> dict[str, float]:
+    """Training moved the named tensors of ``after`` away from their values in ``before`` by at
+    least ``factor * atol``: each tensor's largest element move reaches ``each * atol``
+    (``each`` defaults to ``factor``), and the largest move of all reaches ``factor * atol``.
+    Returns each name's largest move.
+
+    A parity check ``assert_close(trained, reference, atol=atol)`` cannot fail where training
+    moved a parameter by less than ``atol``: a run in which no step happened would pass. Call
+    this on the trained parameters (gathered to full size where they are sharded) and their
+    initial values, with the parity check's ``atol``. ``before`` and ``after`` are modules (their
+    ``named_parameters()``), mappings or ``(name, tensor)`` pairs; every name of ``after`` needs
+    a value in ``before``. ``exclude`` names tensors that are not meant to move (frozen, unused).
+    A smaller ``each`` is for low-precision runs whose rounding differences, and so their
+    tolerance, come within ``factor`` of the slowest parameter's move (``each=0`` checks only
+    the largest move). Compared in fp32; a NaN move fails.
+
+    Example:
+        >>> import torch
+        >>> before = {"w": torch.zeros(3), "b": torch.zeros(2)}
+        >>> after = {"w": torch.tensor([0.0, 2e-3, -1e-4]), "b": torch.ones(2)}
+        >>> moves = assert_moved(before, after, atol=1e-4)  # each must move by >= 10 x 1e-4
+        >>> {name: round(move, 6) for name, move in moves.items()}
+        {'w': 0.002, 'b': 1.0}
+        >>> after["w"] = torch.tensor([5e-4, 0.0, 0.0])
+        >>> assert_moved(before, after, atol=1e-4)
+        Traceback (most recent call last):
+        ...
+        AssertionError: moved by less than 10 x the parity tolerance 0.0001 = 0.001: w (largest \
+move 0.0005)
+        >>> _ = assert_moved(before, after, atol=1e-4, each=2.0)  # w: >= 2e-4; b: >= 1e-3
+    """
+    old, new = _named(before), _named(after)
+    skip = set(exclude)
+    missing = sorted(set(new) - set(old) - skip)
+    assert not missing, f"no initial value for {missing}"
+    moves: dict[str, float] = {}
+    for name, value in new.items():
+        if name not in skip:
+            delta = value.detach().float() - old[name].detach().float().to(value.device)
+            moves[name] = float(delta.abs().max()) if delta.numel() else 0.0
+    assert moves, "no tensors to check"
+    each = factor if each is None else each
+    short = [f"{n} (largest move {m:.3g})" for n, m in moves.items() if not m >= each * atol]
+    assert not short, (
+        f"moved by less than {each:g} x the parity tolerance {atol:g} = {each * atol:g}: "
+        + "; ".join(short)
+    )
+    top = max(moves, key=lambda n: moves[n])
+    assert moves[top] >= factor * atol, (
+        f"the largest move, {moves[top]:.3g} ({top}), is less than {factor:g} x the parity "
+        f"tolerance {atol:g} = {factor * atol:g}"
+    )
+    return moves

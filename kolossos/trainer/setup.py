@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -16,6 +16,9 @@ from kolossos.trainer.errors import ConfigError
 from kolossos.trainer.model import build_model, causal_lm_loss, count_parameters
 from kolossos.trainer.paths import RunPaths
 from kolossos.trainer.plugins import Layout, build_plugin, check_layout
+
+if TYPE_CHECKING:
+    from kolossos.booster.plugin import Plugin
 
 __all__ = ["RunParts", "build_run", "lr_lambda"]
 
@@ -111,7 +114,7 @@ def _check_prompt(config: TrainConfig, corpus: Corpus) -> None:
         raise ConfigError("sample.prompt", config.sample.prompt, "text of at least one token")
 
 
-def _make_booster(config: TrainConfig, plugin: Any) -> Any:
+def _make_booster(config: TrainConfig, plugin: Plugin) -> Any:
     from kolossos.booster import Booster
 
     if plugin.control_precision() or config.mixed_precision == "fp32":
@@ -129,19 +132,6 @@ def _make_booster(config: TrainConfig, plugin: Any) -> Any:
         ) from exc
 
 
-def _dp_rank(plugin: Any, layout: Layout, rank: int, world: int) -> int:
-    dp_rank = getattr(plugin, "dp_rank", None)
-    if isinstance(dp_rank, int):
-        return dp_rank
-    if layout.dp_size != world:
-        raise RuntimeError(
-            f"{type(plugin).__name__} shards the model over several processes but does not "
-            "say which data-parallel rank this process is; a plugin used by kolossos train "
-            "must expose integer dp_rank and dp_size attributes."
-        )
-    return rank
-
-
 def build_run(config: TrainConfig) -> RunParts:
     """Build and boost everything for this rank (the process group must be initialised).
 
@@ -152,8 +142,7 @@ def build_run(config: TrainConfig) -> RunParts:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     plugin = build_plugin(config)
-    dp_size = getattr(plugin, "dp_size", None)
-    layout = check_layout(config, world, dp_size if isinstance(dp_size, int) else None)
+    layout = check_layout(config, world, plugin.dp_size)
     pipeline = bool(plugin.support_pipeline())
     if pipeline and config.train.gradient_accumulation > 1:
         raise ConfigError(
@@ -175,13 +164,12 @@ def build_run(config: TrainConfig) -> RunParts:
     model, boosted_opt, criterion, _, scheduler = booster.boost(
         model, optimizer, causal_lm_loss, lr_scheduler=scheduler
     )
-    dp_rank = _dp_rank(plugin, layout, rank, world)
     return RunParts(
         config=config,
         paths=paths,
         layout=layout,
         rank=rank,
-        dp_rank=dp_rank,
+        dp_rank=plugin.dp_rank,
         corpus=corpus,
         booster=booster,
         model=model,

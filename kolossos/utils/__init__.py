@@ -1,8 +1,26 @@
-"""Utilities the documented scripts import: devices, seeding, rank-0 printing, checkpoints."""
+"""Utilities the documented scripts import: devices, seeding, rank-0 printing, checkpoints.
 
-from kolossos.utils.checkpoint import load_checkpoint, save_checkpoint
+``save_checkpoint`` / ``load_checkpoint`` live in :mod:`kolossos.checkpoint_io.legacy_checkpoint`
+and are resolved lazily here, so importing a utility (e.g. :mod:`kolossos.utils.seed`) does not
+load checkpoint IO.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kolossos._lazy import lazy_attributes
 from kolossos.utils.common import get_current_device, print_rank_0
 from kolossos.utils.seed import set_seed
+
+if TYPE_CHECKING:
+    from kolossos.checkpoint_io.legacy_checkpoint import load_checkpoint, save_checkpoint
+
+_CHECKPOINT = "kolossos.checkpoint_io.legacy_checkpoint"
+_LAZY = {
+    "load_checkpoint": (_CHECKPOINT, "load_checkpoint"),
+    "save_checkpoint": (_CHECKPOINT, "save_checkpoint"),
+}
 
 __all__ = [
     "get_current_device",
@@ -11,3 +29,6 @@ __all__ = [
     "save_checkpoint",
     "set_seed",
 ]
+
+
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)

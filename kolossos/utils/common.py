@@ -7,11 +7,11 @@ import logging
 import torch
 import torch.distributed as dist
 
+from kolossos.accelerator import get_accelerator
+
 
 def get_current_device() -> torch.device:
     """The device this process computes on: ``cuda:<local rank>`` with CUDA, else ``cpu``."""
-    from kolossos.accelerator import get_accelerator
-
     return get_accelerator().get_current_device()
 
 

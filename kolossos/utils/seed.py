@@ -6,6 +6,8 @@ import random
 
 import torch
 
+from kolossos.accelerator import get_accelerator
+
 
 def set_seed(seed: int) -> None:
     """Seed python's ``random``, numpy (if installed), torch's CPU generator and the accelerator's.
@@ -29,8 +31,6 @@ def set_seed(seed: int) -> None:
     else:
         np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    from kolossos.accelerator import get_accelerator
-
     accelerator = get_accelerator()
     if accelerator.name != "cpu":
         accelerator.manual_seed_all(seed)

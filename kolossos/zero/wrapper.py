@@ -17,13 +17,13 @@ Example:
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch.nn as nn
 from torch.optim import Optimizer
 
 from kolossos.accelerator import get_accelerator
+from kolossos.amp import LossScalePolicy
 from kolossos.interface import OptimizerWrapper
 from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
 from kolossos.zero.gemini.gemini_config import GeminiConfig
@@ -31,8 +31,8 @@ from kolossos.zero.low_level import LowLevelZeroOptimizer
 
 __all__ = ["zero_model_wrapper", "zero_optim_wrapper"]
 
-# model -> ZeRO stage chosen by zero_model_wrapper (weak: no reference cycle on the model)
-_STAGES: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+#: the ZeRO stage zero_model_wrapper prepared a model for, kept on the model itself
+_STAGE_ATTR = "_kolossos_zero_stage"
 
 
 def zero_model_wrapper(
@@ -68,7 +68,7 @@ def zero_model_wrapper(
                 f"gemini_config is used by zero_stage=3 only (got zero_stage={zero_stage}); "
                 "drop it or use zero_stage=3."
             )
-        _STAGES[model] = zero_stage
+        vars(model)[_STAGE_ATTR] = zero_stage
         return model
     options = dict(gemini_config or {})
     if verbose:
@@ -76,7 +76,7 @@ def zero_model_wrapper(
     config = GeminiConfig.from_ddp_kwargs(options)
     config.check_device(get_accelerator().get_current_device())
     wrapped = GeminiDDP(model, **config.ddp_kwargs())
-    _STAGES[wrapped] = 3
+    vars(wrapped)[_STAGE_ATTR] = 3
     return wrapped
 
 
@@ -112,23 +112,14 @@ def zero_optim_wrapper(
     Raises:
         ValueError: ``model`` did not come from ``zero_model_wrapper``.
     """
-    stage = _STAGES.get(model)
+    stage = vars(model).get(_STAGE_ATTR)
     if stage is None:
         raise ValueError(
             "zero_optim_wrapper needs the model returned by zero_model_wrapper(model, "
             f"zero_stage=...); got a {type(model).__name__} that was not prepared."
         )
-    kwargs: dict[str, Any] = {
-        "initial_scale": initial_scale,
-        "growth_factor": growth_factor,
-        "backoff_factor": backoff_factor,
-        "growth_interval": growth_interval,
-        "hysteresis": hysteresis,
-        "min_scale": min_scale,
-        "max_scale": max_scale,
-        "norm_type": norm_type,
-        "verbose": verbose,
-    }
+    policy = LossScalePolicy.of(locals())
+    kwargs: dict[str, Any] = {**policy.as_kwargs(), "norm_type": norm_type, "verbose": verbose}
     extra = dict(optim_config or {})
     clash = sorted(set(extra) & (set(kwargs) | {"max_norm", "clip_grad_norm", "partition_grad"}))
     if clash:

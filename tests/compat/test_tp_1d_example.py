@@ -21,7 +21,7 @@ from torch import nn
 
 import kolossos
 import kolossos.nn as col_nn
-from kolossos.nn.layer.legacy import get_parallel_input, read_tensor_parallel_settings
+from kolossos.legacy.tensor_parallel import get_parallel_input, read_tensor_parallel_settings
 from kolossos.nn.layer.parallel_1d import Dropout1D, Linear1D_Col, Linear1D_Row
 from kolossos.testing import spawn
 from kolossos.utils import get_current_device, print_rank_0

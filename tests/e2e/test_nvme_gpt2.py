@@ -22,6 +22,7 @@ import pytest
 import torch
 
 STEPS, BATCH, SEQ = 3, 4, 128
+HANG_S = 3600  # two GPT-2 small runs side by side, minutes each on a shared 2-core machine
 
 
 def train_cpu(model: torch.nn.Module, fraction: float, conn: Any, threads: int) -> None:
@@ -88,9 +89,9 @@ def run_both(threads: int = 1) -> dict[float, dict[str, Any]]:
         procs[fraction] = (proc, parent)
     results = {}
     for fraction, (proc, parent) in procs.items():
-        if not parent.poll(600):
+        if not parent.poll(HANG_S):  # only detects a hang: tests never gate on speed
             proc.kill()
-            raise TimeoutError(f"the run with nvme_offload_fraction={fraction} took over 600 s")
+            raise TimeoutError(f"the run with nvme_offload_fraction={fraction} hung ({HANG_S} s)")
         results[fraction] = parent.recv()
         proc.join(60)
         assert proc.exitcode == 0, f"fraction {fraction}: exit code {proc.exitcode}"

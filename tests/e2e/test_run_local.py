@@ -47,7 +47,7 @@ def test_hello_dist_four_ranks() -> None:
         env=job_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,  # only detects a hang (a run takes ~10 s): tests never gate on speed
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("rank ")]

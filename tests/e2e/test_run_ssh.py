@@ -129,7 +129,7 @@ def test_two_nodes_all_reduce_over_ssh(sshd: SshSetup, tmp_path: Path) -> None:
         env=job_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,  # only detects a hang: tests never gate on speed
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("rank ")]

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[2]
+HANG_S = 900  # subprocess limits only detect hangs: tests never gate on speed
 TINY = """\
 name = "tiny"
 [model]
@@ -57,19 +58,18 @@ def write_config(folder: Path, steps: int, every: int) -> Path:
 
 
 def test_config_error_starts_nothing(tmp_path: Path) -> None:
-    started = time.monotonic()
     done = subprocess.run(
         command("train.batch_size=7", f"output_dir={tmp_path}"),
         cwd=tmp_path,
         env=job_env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
     )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "train.batch_size = 7" in lines[0] and "multiples of 2" in lines[0]
-    assert not any(tmp_path.iterdir()) and time.monotonic() - started < 60
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 
 def read_until(proc: subprocess.Popen[str], needle: str, seen: list[str], limit_s: float) -> None:
@@ -117,9 +117,9 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     )
     seen: list[str] = []
     try:
-        read_until(proc, "saved checkpoint", seen, limit_s=180)
+        read_until(proc, "saved checkpoint", seen, limit_s=HANG_S)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -146,7 +146,7 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
         env=job_env(),
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=HANG_S,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"resumed from {last}" in done.stdout and f"finished {step + 3} steps" in done.stdout

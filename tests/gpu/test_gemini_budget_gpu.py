@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kolossos.testing import free_port
+from kolossos.testing import assert_moved, free_port, snapshot
 
 pytestmark = [
     pytest.mark.gpu,
@@ -113,3 +113,9 @@ def test_device_budget_bounds_the_peak_allocation() -> None:
     assert fig["peak"] <= budget, (fig["peak"], budget)
     assert fig["resident"] < free_fig["resident"]
     torch.testing.assert_close(losses, free_losses, rtol=1e-6, atol=1e-6)
+    # ... and the runs really trained: every parameter moved by 10x that tolerance (AdamW moves
+    # each by up to lr = 1e-3 per step)
+    torch.manual_seed(0)
+    initial = snapshot(gpt2())
+    full = {name: t.clone() for name, t in gemini.named_full_tensors()}
+    assert_moved(initial, {name: full[name] for name in initial}, 1e-6)

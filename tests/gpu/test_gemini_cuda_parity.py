@@ -21,19 +21,28 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from kolossos.testing import free_port
+from kolossos.testing import assert_moved, free_port, snapshot
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-STEPS, BATCH, SEQ, VOCAB = 4, 4, 64, 512
+STEPS, BATCH, SEQ, VOCAB = 10, 4, 64, 512
 SCALE = 2.0**10
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # fp32: only the summation order of the reductions differs. bf16/fp16: the chunked and the plain
 # model round the same products, but kernels may pick different algorithms per shape.
 TOL = {"fp32": (1e-5, 1e-5), "bf16": (2e-2, 3e-2), "fp16": (3e-3, 1e-2)}
+# AdamW at LR with eps=1e-3 (an update proportional to a gradient below eps, not an lr-sized step
+# of the sign rounding gives it) for STEPS steps on one repeated batch moves every parameter by
+# 0.2-0.42 (measured in a CPU run of this recipe, which also differs from the reference by 3e-3
+# in bf16, 6e-4 in fp16): 10x the tolerances (assert_moved). 4 steps at lr 1e-3 moved them by
+# 4e-3 at most, below the bf16/fp16 tolerances, so those checks passed without any step. In
+# bf16 each parameter must move by 2x the tolerance (the slowest, a LayerNorm bias, by 6.6x),
+# the largest by 10x.
+LR = 5e-2
+EACH = {"fp32": None, "bf16": 2.0, "fp16": None}
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +70,20 @@ def gpt2() -> nn.Module:
     return GPT2LMHeadModel(config)
 
 
+def batches() -> list[torch.Tensor]:
+    """One batch, STEPS times: every step pushes a parameter the same way."""
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    return [ids.cuda()] * STEPS
+
+
 def reference(model: nn.Module, precision: str) -> tuple[list[float], nn.Module]:
     dtype = DTYPES[precision]
     work = copy.deepcopy(model).cuda().to(dtype)
     master = copy.deepcopy(model).cuda().float()
-    opt = torch.optim.AdamW(master.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(master.parameters(), lr=LR, eps=1e-3)
     scale = SCALE if precision == "fp16" else 1.0
-    gen, losses = torch.Generator().manual_seed(1), []
-    for _ in range(STEPS):
-        ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).cuda()
+    losses = []
+    for ids in batches():
         loss = work(input_ids=ids, labels=ids).loss.float()
         (loss * scale).backward()
         for m, w in zip(master.parameters(), work.parameters(), strict=True):
@@ -96,18 +110,18 @@ def gemini(
         mixed_precision=DTYPES[precision], placement_policy=placement, **kw,
     )  # fmt: skip
     opt = GeminiOptimizer(
-        HybridAdam(ddp.parameters(), lr=1e-3, adamw_mode=True, weight_decay=0.01), ddp,
+        HybridAdam(ddp.parameters(), lr=LR, eps=1e-3, adamw_mode=True, weight_decay=0.01), ddp,
         initial_scale=SCALE, hysteresis=1,
     )  # fmt: skip
-    gen, losses = torch.Generator().manual_seed(1), []
-    for _ in range(STEPS):
-        ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).cuda()
+    losses = []
+    for ids in batches():
         loss = ddp(input_ids=ids, labels=ids).loss.float()
         opt.backward(loss)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, dict(ddp.named_full_tensors())
+    # chunk by chunk: the tensors must be copied before the next chunk reuses the buffer
+    return losses, {name: t.clone() for name, t in ddp.named_full_tensors()}
 
 
 @pytest.mark.usefixtures("nccl_group")
@@ -115,11 +129,19 @@ def gemini(
 @pytest.mark.parametrize("placement", ["static", "cpu", "auto"])
 def test_gemini_on_cuda_matches_plain_training(precision: str, placement: str) -> None:
     model = gpt2()
+    initial = snapshot(model)
     # torch's AdamW (weight decay 0.01) is what HybridAdam(adamw_mode=True) computes.
     ref_losses, master = reference(model, precision)
     losses, full = gemini(model, precision, placement)
     rtol, atol = TOL[precision]
     torch.testing.assert_close(losses, ref_losses, rtol=rtol, atol=atol)
-    for name, value in master.state_dict().items():
-        if name in full:
-            torch.testing.assert_close(full[name].float().cuda(), value, rtol=rtol, atol=atol)
+    # every parameter (the tied lm_head.weight once, as transformer.wte.weight), none skipped
+    expected = dict(master.named_parameters())
+    missing = sorted(expected.keys() - full.keys())
+    assert not missing, f"no full tensor for {missing}"
+    for name, value in expected.items():
+        torch.testing.assert_close(
+            full[name].float().cuda(), value.detach(), rtol=rtol, atol=atol, msg=name
+        )
+    trained = {name: full[name] for name in expected}
+    assert_moved(initial, trained, atol, each=EACH[precision])

@@ -22,7 +22,7 @@ import torch.nn as nn
 import kolossos
 from kolossos.booster import Booster
 from kolossos.booster.plugin import TorchDDPPlugin
-from kolossos.testing import spawn
+from kolossos.testing import assert_moved, spawn
 
 pytest.importorskip("safetensors")
 
@@ -116,6 +116,14 @@ def run(phase: str, world: int, directory: Path) -> Any:
     return results[0]
 
 
+def untrained() -> tuple[dict[str, torch.Tensor], float]:
+    """The seed-0 model's parameters before training, and its loss on the last batch."""
+    model, _, _ = build(seed=0)
+    x, y = batch(2 * K - 1)
+    with torch.no_grad():
+        return dict(model.state_dict()), nn.functional.mse_loss(model(x), y).item()
+
+
 @pytest.fixture(scope="module")
 def reference() -> tuple[list[float], dict[str, list[Any]]]:
     model, opt, sched = build(seed=0)
@@ -136,6 +144,7 @@ def test_resume_at_another_world_size(
     assert resumed[0] != losses[-1]  # training really continued from the checkpoint
     for name, value in ref_params.items():
         torch.testing.assert_close(torch.tensor(params[name]), torch.tensor(value), **TOL, msg=name)
+    assert_moved(untrained()[0], {n: torch.tensor(v) for n, v in params.items()}, TOL["atol"])
 
 
 def test_resume_at_the_same_world_size_is_bit_identical(tmp_path: Path) -> None:
@@ -150,3 +159,4 @@ def test_resume_at_the_same_world_size_is_bit_identical(tmp_path: Path) -> None:
     losses = run("save", 2, tmp_path)
     resumed, _ = run("load", 2, tmp_path)
     assert losses + resumed == expected
+    assert abs(expected[-1] - untrained()[1]) > 1e-3  # and training changed the loss

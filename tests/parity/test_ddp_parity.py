@@ -12,20 +12,26 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from kolossos.booster import Booster
+from kolossos.booster.mixed_precision import FP16NaiveMixedPrecision
 from kolossos.booster.plugin import TorchDDPPlugin
 from kolossos.interface import unwrap_model
 from kolossos.testing import distributed
 from kolossos.testing.parity import (
     TinyMLP,
+    assert_moved,
     assert_params_close,
     assert_same_on_all_ranks,
     global_mean,
     make_classification_batches,
     shard,
+    snapshot,
 )
 
-STEPS = 4
+# STEPS SGD steps (momentum 0.9) at LR move every parameter by 0.32 or more, 10x the bf16
+# parameter tolerance and more (assert_moved); 4 steps at lr 0.1 moved fc1.bias by 0.018.
+STEPS = 8
 GLOBAL_BATCH = 16
+LR = 0.5
 # (loss rtol, param rtol/atol): fp32 is exact up to summation order; low precision differs because
 # each rank rounds its own shard's activations, not the whole batch's.
 TOL = {
@@ -44,7 +50,7 @@ def _train(
     world: int,
     clip: Callable[[Any], None] | None = None,
 ) -> tuple[list[float], torch.nn.Module]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
     model, optimizer, criterion, _, _ = booster.boost(model, optimizer, criterion)
     assert optimizer is not None and criterion is not None
@@ -60,8 +66,14 @@ def _train(
     return losses, unwrap_model(model)
 
 
+def _mixed_precision(precision: str) -> Any:
+    if precision == "fp16_naive":  # from its default scale 2**32 every step here overflowed and
+        return FP16NaiveMixedPrecision(initial_scale=2**10)  # was skipped: nothing trained
+    return None if precision == "fp32" else precision
+
+
 def _reference(precision: str) -> Booster:
-    return Booster(mixed_precision=None if precision == "fp32" else precision)
+    return Booster(mixed_precision=_mixed_precision(precision))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "fp16_naive"])
@@ -71,9 +83,10 @@ def test_ddp_matches_single_process(world_size: int, precision: str) -> None:
     rank = dist.get_rank()
     model = TinyMLP()
     reference = copy.deepcopy(model)
+    initial = snapshot(model)
     batches = make_classification_batches(STEPS, GLOBAL_BATCH)
     plugin = TorchDDPPlugin()
-    mp = None if precision == "fp32" else precision
+    mp = _mixed_precision(precision)
     losses, trained = _train(
         Booster(mixed_precision=mp, plugin=plugin), model, batches, rank, world_size
     )
@@ -81,6 +94,7 @@ def test_ddp_matches_single_process(world_size: int, precision: str) -> None:
     loss_rtol, param_tol = TOL[precision]
     torch.testing.assert_close(losses, ref_losses, rtol=loss_rtol, atol=loss_rtol)
     assert_params_close(trained, ref_trained, rtol=param_tol, atol=param_tol)
+    assert_moved(initial, trained, param_tol)
     assert_same_on_all_ranks(trained)
 
 
@@ -90,6 +104,7 @@ def test_clipping_matches_single_process(mode: str) -> None:
     rank = dist.get_rank()
     model = TinyMLP()
     reference = copy.deepcopy(model)
+    initial = snapshot(model)
     batches = make_classification_batches(STEPS, GLOBAL_BATCH)
     norms: list[float] = []
 
@@ -108,6 +123,7 @@ def test_clipping_matches_single_process(mode: str) -> None:
         torch.testing.assert_close(ref_norms, norms, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
     assert_params_close(trained, ref_trained, rtol=1e-5, atol=1e-6)
+    assert_moved(initial, trained, 1e-6)
 
 
 class _CommCounter:
@@ -130,6 +146,14 @@ class _CommCounter:
         return counting_hook
 
 
+def _same_on_all_ranks(tensor: torch.Tensor | None) -> bool:
+    """Whether ``tensor`` is bitwise equal on every rank (a collective)."""
+    assert tensor is not None
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor.contiguous())
+    return all(torch.equal(t, gathered[0]) for t in gathered)
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 @distributed()
 def test_accumulation_equals_large_batch(world_size: int) -> None:
@@ -137,6 +161,7 @@ def test_accumulation_equals_large_batch(world_size: int) -> None:
     accum = 4
     model = TinyMLP()
     reference = copy.deepcopy(model)
+    initial = snapshot(model)
     micro = make_classification_batches(accum * 2, 8, seed=3)  # 2 optimizer steps
     booster = Booster(plugin=TorchDDPPlugin())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -145,22 +170,28 @@ def test_accumulation_equals_large_batch(world_size: int) -> None:
     assert optimizer is not None and criterion is not None
     counter = _CommCounter()
     model.module.register_comm_hook(None, counter.hook())
-    first = next(unwrap_model(model).parameters()).detach().clone()
+    weight = next(unwrap_model(model).parameters())
+    first = weight.detach().clone()
+    # Every accumulation window (both optimizer steps): inside no_sync no bucket is all-reduced,
+    # each rank keeps the gradient of its own micro-batches (they differ between ranks) and the
+    # weights stay put; the synchronising backward makes the gradients equal on every rank.
     for i, (x, y) in enumerate(micro):
         xs, ys = shard(x, rank, world_size), shard(y, rank, world_size)
         if (i + 1) % accum != 0:
             before = counter.calls
             with booster.no_sync(model):  # forward and backward both inside, as DDP requires
                 booster.backward(criterion(model(xs), ys) / accum, optimizer)
-            assert counter.calls == before, "gradient communication inside no_sync"
-            assert torch.equal(next(unwrap_model(model).parameters()), first) or i >= accum
+            assert counter.calls == before, f"gradient communication inside no_sync (batch {i})"
+            assert not _same_on_all_ranks(weight.grad), f"gradients reduced in no_sync (batch {i})"
+            assert torch.equal(weight, first), f"weights changed inside no_sync (batch {i})"
         else:
             before = counter.calls
             booster.backward(criterion(model(xs), ys) / accum, optimizer)
             assert counter.calls > before, "no gradient communication on the sync step"
+            assert _same_on_all_ranks(weight.grad), f"gradients not reduced (batch {i})"
             optimizer.step()
             optimizer.zero_grad()
-            first = next(unwrap_model(model).parameters()).detach().clone()
+            first = weight.detach().clone()
 
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for step in range(2):
@@ -170,6 +201,7 @@ def test_accumulation_equals_large_batch(world_size: int) -> None:
         ref_opt.step()
         ref_opt.zero_grad()
     assert_params_close(unwrap_model(model), reference, rtol=1e-5, atol=1e-6)
+    assert_moved(initial, unwrap_model(model), 1e-6)
 
 
 @distributed(2)

@@ -24,14 +24,13 @@ import kolossos.booster.plugin as plugins
 from kolossos.booster import Booster
 from kolossos.fsdp.checkpoint_io import FSDPCheckpointIO
 from kolossos.interface import unwrap_model
-from kolossos.testing import spawn
+from kolossos.testing import assert_moved, spawn
 
 pytest.importorskip("safetensors")
 
 K = 3
 GLOBAL_BATCH = 8
 RTOL, ATOL = 1e-5, 1e-6
-HAS_ZERO = hasattr(plugins, "LowLevelZeroPlugin")
 
 
 def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
@@ -137,8 +136,8 @@ CASES = [
     ("fsdp", 4, "fsdp", 2),  # FSDP resharded
     ("dcp", 2, "dcp", 4),  # DCP at 2 -> FSDP at 4
     ("dcp", 2, "none", 1),  # DCP at 2 -> a plain model in one process
-    pytest.param("fsdp", 2, "zero", 4, marks=pytest.mark.skipif(not HAS_ZERO, reason="no ZeRO")),
-    pytest.param("zero", 2, "fsdp", 4, marks=pytest.mark.skipif(not HAS_ZERO, reason="no ZeRO")),
+    ("fsdp", 2, "zero", 4),  # FSDP -> LowLevelZero stage 2
+    ("zero", 2, "fsdp", 4),  # LowLevelZero stage 2 -> FSDP
 ]
 
 
@@ -164,6 +163,8 @@ def test_resume_across_plugins_and_world_sizes(
     for name, value in ref_params.items():
         actual, expected = torch.tensor(params[name]), torch.tensor(value)
         torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=name)
+    initial = dict(build(seed=0)[0].state_dict())
+    assert_moved(initial, {n: torch.tensor(v) for n, v in params.items()}, ATOL)
 
 
 def _save_gpt2(rank: int, world_size: int, port: int, directory: Path) -> list[Any]:

@@ -26,7 +26,7 @@ from kolossos.booster import Booster
 from kolossos.booster.plugin import LowLevelZeroPlugin, TorchDDPPlugin
 from kolossos.booster.plugin.gemini_plugin import GeminiPlugin
 from kolossos.interface import unwrap_model
-from kolossos.testing import spawn
+from kolossos.testing import assert_moved, spawn
 
 pytest.importorskip("safetensors")
 
@@ -135,6 +135,14 @@ def reference(phases: int) -> tuple[list[float], dict[str, list[Any]]]:
     return losses, full_params(model)
 
 
+def untrained(phases: int) -> tuple[dict[str, torch.Tensor], float]:
+    """The seed-0 model's parameters before training, and its loss on the last batch."""
+    model, _, _ = build(seed=0)
+    x, y = batch(phases * K - 1)
+    with torch.no_grad():
+        return dict(model.state_dict()), nn.functional.mse_loss(model(x), y).item()
+
+
 CHAINS = {
     "gemini@2->gemini@4->gemini@2": [("gemini", 2), ("gemini", 4), ("gemini", 2)],
     "gemini@2->single->gemini-cpu@2": [("gemini", 2), ("none", 1), ("gemini-cpu", 2)],
@@ -151,6 +159,8 @@ def test_resume_under_another_layout(tmp_path: Path, name: str) -> None:
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)
     for name_, value in ref_params.items():
         torch.testing.assert_close(torch.tensor(params[name_]), torch.tensor(value), **TOL)
+    initial = untrained(len(chain))[0]
+    assert_moved(initial, {n: torch.tensor(v) for n, v in params.items()}, TOL["atol"])
     index = json.loads((tmp_path / "optim" / "pytorch_optim.bin.index.json").read_text())
     assert set(index["weight_map"]) == set(ref_params)
 
@@ -179,6 +189,7 @@ def test_resume_at_the_same_layout_is_bit_identical(tmp_path: Path, layout: str)
     # The second phase starts from the checkpoint: a model initialised with another seed.
     resumed, _ = spawn(_rank, 2, directory=tmp_path, layout=layout, index=1, load=True)[0]
     assert first + resumed == expected
+    assert abs(expected[-1] - untrained(2)[1]) > 1e-3  # and training changed the loss
     from safetensors.torch import load_file
 
     files = sorted(p.name for p in (tmp_path / "model").iterdir())

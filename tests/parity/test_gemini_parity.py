@@ -19,23 +19,29 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from kolossos.testing import distributed, parameterize
-from kolossos.testing.parity import global_mean, shard
+from kolossos.testing.parity import assert_moved, global_mean, shard, snapshot
 from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
 
-STEPS = 3
+STEPS = 8
 GLOBAL_BATCH = 8
 SEQ = 8
 VOCAB = 128
 SCALE = 2.0**10  # fp16 loss scale: no overflow with this model
 CHUNK = {"chunk_size": 2048}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# (loss, parameters) rtol = atol. fp32 differs only in the order of gradient sums; the attention
-# key biases have a zero true gradient, so Adam normalises pure rounding noise there into
-# visible updates (measured 2.4e-5 after 3 steps), hence 1e-4 for fp32 parameters. In fp16/bf16
-# each rank rounds its own shard's gradients and the reduce-scatter adds them in that dtype; Adam
-# turns a rounding difference in a near-zero gradient into up to 2 * lr (0.02) per step for that
-# element, hence parameter tolerances of a few learning rates.
-TOL = {"fp32": (1e-5, 1e-4), "bf16": (2e-2, 5e-2), "fp16": (3e-3, 3e-2)}
+LR = 3e-2
+# AdamW with eps=1e-3 (see ``adamw``) trains STEPS steps on one repeated batch, so that every
+# parameter moves by several times LR (assert_moved). (loss, parameters) rtol = atol. fp32
+# differs only in the order of gradient sums (measured 3e-7 on parameters). In fp16/bf16 each
+# rank rounds its own shard's gradients and the reduce-scatter adds them in that dtype (measured
+# worst on parameters, 2 and 4 ranks: fp16 1.1e-3, bf16 6.8e-3). With Adam's default eps=1e-8
+# these tolerances were a few learning rates (fp32 1e-4, bf16 5e-2, fp16 3e-2), because Adam
+# turned a rounding difference in a near-zero gradient into a whole lr-sized step; that also
+# made them as large as the parameters' moves in 3 steps, so the check passed without any step.
+TOL = {"fp32": (1e-5, 1e-5), "bf16": (2e-2, 1.5e-2), "fp16": (3e-3, 3e-3)}
+# bf16 rounding differences come within 15x of the slowest parameter's move (a LayerNorm bias),
+# so there every parameter must move by 2x the tolerance and the largest move by 10x.
+EACH = {"fp32": None, "bf16": 2.0, "fp16": None}
 
 
 def tiny_gpt2() -> nn.Module:
@@ -53,18 +59,28 @@ def batches(steps: int, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(steps)]
 
 
+def same_batch(steps: int) -> list[torch.Tensor]:
+    """One global batch ``steps`` times: every step pushes a parameter the same way, so Adam
+    moves it by up to LR per step (on fresh random batches the directions partly cancel)."""
+    return batches(1) * steps
+
+
 def lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, labels=ids).loss.float()
 
 
 def adamw(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    # eps=1e-3: Adam's update for a gradient below eps stays proportional to it, instead of a
+    # whole lr-sized step whose sign is decided by rounding noise (the attention key biases'
+    # true gradient is zero: softmax ignores a constant shift)
+    return torch.optim.AdamW(params, lr=LR, weight_decay=0.1, eps=1e-3)
 
 
 class Reference:
     """One process, Gemini's precision recipe: low-precision model, fp32 masters."""
 
     def __init__(self, model: nn.Module, precision: str) -> None:
+        self.initial = snapshot(model)
         self.model = model.to(DTYPES[precision])
         self.scale = SCALE if precision == "fp16" else 1.0
         self.master_model = copy.deepcopy(model).float()
@@ -98,10 +114,14 @@ def full_params(gemini: GeminiDDP) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in gemini.named_full_tensors()}
 
 
-def assert_matches(gemini: GeminiDDP, ref: Reference, tol: float) -> None:
+def assert_matches(gemini: GeminiDDP, ref: Reference, precision: str) -> None:
+    """The gathered parameters equal the reference's masters, and moved well beyond the
+    tolerance."""
+    tol = TOL[precision][1]
     full = full_params(gemini)
     for name, p in ref.master_model.named_parameters():
         torch.testing.assert_close(full[name], p.detach(), rtol=tol, atol=tol, msg=name)
+    assert_moved(ref.initial, full, tol, each=EACH[precision])
 
 
 Clip = Callable[[list[torch.Tensor]], Any]
@@ -113,6 +133,7 @@ def train_both(
     checkpointing: bool | str = False,
     clip: Clip | None = None,
     on_model: Callable[..., None] | None = None,
+    steps: int = STEPS,
     **opt_kwargs: Any,
 ) -> Trained:
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -129,7 +150,7 @@ def train_both(
         model.transformer.h[0].attn.c_attn.register_forward_pre_hook(on_model)
     gemini, opt = wrap(model, precision, **opt_kwargs)
     losses, ref_losses = [], []
-    for ids in batches(STEPS):
+    for ids in same_batch(steps):
         loss = lm_loss(gemini, shard(ids, rank, world))
         opt.backward(loss)
         opt.step()
@@ -151,9 +172,9 @@ def test_matches_single_process(world_size: int) -> None:
     @parameterize("checkpointing", [False, True])
     def case(precision: str, checkpointing: bool) -> None:
         losses, ref_losses, gemini, ref, _ = train_both(precision, checkpointing)
-        loss_tol, param_tol = TOL[precision]
+        loss_tol = TOL[precision][0]
         torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
-        assert_matches(gemini, ref, param_tol)
+        assert_matches(gemini, ref, precision)
 
     case()
 
@@ -162,6 +183,7 @@ def test_matches_single_process(world_size: int) -> None:
 def test_checkpointing_adds_no_all_gather() -> None:
     """Recomputation re-uses the chunks backward gathers anyway: the same all-gather count, with
     the non-reentrant and the reentrant checkpoint."""
+    steps = 3  # counts only: no parity check
     counts: dict[bool | str, int] = {}
     block_calls: dict[bool | str, int] = {}
     for checkpointing in (False, True, "reentrant"):
@@ -170,15 +192,15 @@ def test_checkpointing_adds_no_all_gather() -> None:
         def count(*_: Any, calls: list[int] = calls) -> None:
             calls[0] += 1
 
-        _, _, gemini, _, _ = train_both("fp32", checkpointing, on_model=count)
+        _, _, gemini, _, _ = train_both("fp32", checkpointing, on_model=count, steps=steps)
         block_calls[checkpointing] = calls[0]
         counts[checkpointing] = gemini.chunk_manager.gathers
         assert gemini.chunk_manager.prefetches > 0  # the order is known after iteration 1
         assert len(gemini.chunk_manager.chunks) >= 10
-    assert block_calls[True] == block_calls["reentrant"] == 2 * block_calls[False] == 2 * STEPS
+    assert block_calls[True] == block_calls["reentrant"] == 2 * block_calls[False] == 2 * steps
     assert counts[True] == counts["reentrant"] == counts[False], counts
     # each chunk: at most twice in forward (wte is tied to lm_head) and once in backward
-    assert counts[False] <= STEPS * 3 * len(gemini.chunk_manager.chunks)
+    assert counts[False] <= steps * 3 * len(gemini.chunk_manager.chunks)
     gemini.eval()
     with torch.no_grad():  # inference after training: prefetched chunks do not linger
         for ids in batches(2):
@@ -193,7 +215,7 @@ def test_held_chunks_save_all_gathers() -> None:
     LM head's chunk, held from the end of forward into backward: ``2 C - 1`` all-gathers per
     step instead of ``2 C + 1``. Holding changes no number: losses are bit-identical, also after
     a forward whose held chunks no backward used and a step."""
-    rank = dist.get_rank()
+    rank, steps = dist.get_rank(), 3  # counts and bit-identity: no parity check
     per_step: dict[bool, list[int]] = {}
     losses: dict[bool, list[float]] = {}
     for hold in (True, False):
@@ -201,7 +223,7 @@ def test_held_chunks_save_all_gathers() -> None:
         gemini, opt = wrap(tiny_gpt2(), "fp32")
         gemini.hooks.hold = hold
         per_step[hold], losses[hold] = [], []
-        for ids in batches(STEPS):
+        for ids in batches(steps):
             before = gemini.chunk_manager.gathers
             loss = lm_loss(gemini, shard(ids, rank, 2))
             opt.backward(loss)
@@ -218,8 +240,8 @@ def test_held_chunks_save_all_gathers() -> None:
         wte = gemini.chunk_manager.locate(gemini.module.transformer.wte.weight)[0].chunk_id
         assert gemini.hooks.backward_first == {wte}
     assert losses[True] == losses[False]
-    assert per_step[True][1:] == [2 * n_chunks - 1] * (STEPS - 1), per_step
-    assert per_step[False][1:] == [2 * n_chunks + 1] * (STEPS - 1), per_step
+    assert per_step[True][1:] == [2 * n_chunks - 1] * (steps - 1), per_step
+    assert per_step[False][1:] == [2 * n_chunks + 1] * (steps - 1), per_step
 
 
 @distributed(4)
@@ -255,7 +277,7 @@ def test_chunk_comm_matches_torch_collectives() -> None:
 @distributed(2)
 def test_clipping_matches_single_process() -> None:
     """``max_norm`` clips by the global norm over every rank's gradient shards."""
-    max_norm = 0.05
+    max_norm = 0.5  # gradient norms here are 1-3: active at every step
 
     @parameterize("precision", ["fp32", "bf16"])
     def case(precision: str) -> None:
@@ -266,9 +288,9 @@ def test_clipping_matches_single_process() -> None:
 
         losses, ref_losses, gemini, ref, _ = train_both(precision, clip=clip, max_norm=max_norm)
         assert min(norms) > max_norm  # the clip was active
-        loss_tol, param_tol = TOL[precision]
+        loss_tol = TOL[precision][0]
         torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
-        assert_matches(gemini, ref, param_tol)
+        assert_matches(gemini, ref, precision)
 
     case()
 
@@ -287,7 +309,7 @@ def test_accumulation_under_no_sync_equals_large_batch() -> None:
         model = tiny_gpt2()
         ref = Reference(copy.deepcopy(model), precision)
         gemini, opt = wrap(model, precision)
-        micro = batches(2 * accum, seed=3)
+        micro = batches(accum, seed=3) * STEPS  # STEPS windows of the same micro-batches
         for i, ids in enumerate(micro):
             last = (i + 1) % accum == 0
             loss = lm_loss(gemini, shard(ids, rank, world_size)) / accum
@@ -301,7 +323,7 @@ def test_accumulation_under_no_sync_equals_large_batch() -> None:
                 opt.zero_grad()
                 ref.backward(lm_loss(ref.model, torch.cat(micro[i + 1 - accum : i + 1])))
                 ref.step()
-        assert_matches(gemini, ref, TOL[precision][1])
+        assert_matches(gemini, ref, precision)
 
     case()
 
@@ -327,17 +349,19 @@ def test_static_placement_fractions_and_hybrid_adam() -> None:
         torch.manual_seed(0)
         model = tiny_gpt2()
         ref = Reference(copy.deepcopy(model), "fp32")
-        ref.opt = HybridAdam(ref.master_model.parameters(), lr=1e-2, weight_decay=0.1)
+        ref.opt = HybridAdam(ref.master_model.parameters(), lr=LR, weight_decay=0.1, eps=1e-3)
         gemini = GeminiDDP(model, chunk_config_dict=CHUNK, mixed_precision=torch.float32,
                            **placements[placement])  # fmt: skip
         margin = 0.5 if placement == "auto_margin" else 0.0
-        opt = GeminiAdamOptimizer(gemini, lr=1e-2, weight_decay=0.1, gpu_margin_mem_ratio=margin)
+        opt = GeminiAdamOptimizer(
+            gemini, lr=LR, weight_decay=0.1, eps=1e-3, gpu_margin_mem_ratio=margin
+        )
         chunks = gemini.chunk_manager.chunks
         if placement == "half_sharded":
             assert 0 < sum(c.keep_gathered for c in chunks) < len(chunks)
         if placement != "half_sharded":
             assert all(c.optim_on_host for c in chunks)  # auto: until the margin grants
-        for ids in batches(STEPS):
+        for ids in same_batch(STEPS):
             loss = lm_loss(gemini, shard(ids, rank, 2))
             opt.backward(loss)
             opt.step()
@@ -346,7 +370,7 @@ def test_static_placement_fractions_and_hybrid_adam() -> None:
             ref.backward(ref_loss)
             ref.step()
             torch.testing.assert_close(global_mean(loss), ref_loss.item(), rtol=1e-5, atol=1e-5)
-        assert_matches(gemini, ref, TOL["fp32"][1])
+        assert_matches(gemini, ref, "fp32")
         if placement == "auto_margin":  # after warm-up, the margin took some optimizer data
             granted = sum(not c.optim_on_host for c in chunks)
             assert 0 < granted < len(chunks)
@@ -383,6 +407,7 @@ def test_full_tensors_and_states_round_trip() -> None:
     a, b = full_params(gemini), full_params(fresh)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    assert_moved(tensors, b, TOL["fp32"][1])  # the resumed step really moved the weights
 
 
 @distributed(2)
@@ -444,6 +469,7 @@ def test_param_groups_frozen_and_unused_parameters() -> None:
     torch.manual_seed(0)
     model = TwoGroupNet()
     reference = copy.deepcopy(model)
+    initial = snapshot(model)
     gemini = GeminiDDP(model, chunk_config_dict={"chunk_size": 64}, mixed_precision=torch.float32)
     opt = GeminiOptimizer(two_groups(gemini.module), gemini)
     assert opt.param_names() == [
@@ -468,6 +494,7 @@ def test_param_groups_frozen_and_unused_parameters() -> None:
     full = full_params(gemini)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(full[name], p.detach(), rtol=1e-5, atol=1e-5, msg=name)
+    assert_moved(initial, full, 1e-5, exclude=("frozen.weight", "frozen.bias", "unused"))
 
 
 @distributed(2)
@@ -480,7 +507,9 @@ def test_nvme_offloaded_states_match_in_memory_ones() -> None:
     params, states = {}, {}
     for fraction in (0.0, 1.0):
         torch.manual_seed(0)
-        gemini = GeminiDDP(tiny_gpt2(), chunk_config_dict=CHUNK, mixed_precision=torch.float32,
+        model = tiny_gpt2()
+        initial = snapshot(model)
+        gemini = GeminiDDP(model, chunk_config_dict=CHUNK, mixed_precision=torch.float32,
                            placement_policy="cpu")  # fmt: skip
         adam = HybridAdam(gemini.parameters(), lr=1e-2, nvme_offload_fraction=fraction)
         opt = GeminiOptimizer(adam, gemini)
@@ -495,6 +524,7 @@ def test_nvme_offloaded_states_match_in_memory_ones() -> None:
         adam.close()
     for name, value in params[0.0].items():
         assert torch.equal(value, params[1.0][name]), name
+    assert_moved(initial, params[1.0], TOL["fp32"][1])  # bit-identical after real steps
     assert states[0.0].keys() == states[1.0].keys()
     for name, entry in states[0.0].items():
         assert entry.keys() == states[1.0][name].keys() == {"step", "exp_avg", "exp_avg_sq"}

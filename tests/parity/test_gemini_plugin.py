@@ -24,15 +24,24 @@ import torch.nn.functional as F
 from kolossos.booster import Booster
 from kolossos.booster.plugin.gemini_plugin import GeminiPlugin
 from kolossos.testing import distributed, parameterize
-from kolossos.testing.parity import assert_params_close, global_mean, shard
+from kolossos.testing.parity import assert_moved, assert_params_close, global_mean, shard, snapshot
 
-STEPS, GLOBAL_BATCH, SEQ, VOCAB = 3, 4, 16, 64
+STEPS, GLOBAL_BATCH, SEQ, VOCAB = 8, 8, 16, 64
+LR = 3e-2
 CHUNKS = {"hidden_dim": 32, "min_chunk_size_m": 4096 / 2**20, "search_range_m": 4096 / 2**20}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# (loss, parameter) rtol = atol. fp32: only the order of the gradient sums differs (per-rank
-# means averaged vs one mean). bf16: each rank rounds its own activations and gradients; Adam
-# turns a rounding difference in a near-zero gradient into up to ~lr (1e-2) per step.
-TOL = {"fp32": (1e-5, 1e-5), "bf16": (2e-2, 4e-2)}
+# AdamW with eps=1e-2 (see ``adamw``) trains STEPS steps on one repeated batch, so that the
+# parameters move by several times LR (assert_moved). (loss, parameter) rtol = atol. fp32: only
+# the order of the gradient sums differs (per-rank means averaged vs one mean). bf16: each rank
+# rounds its own activations and gradients (measured worst on parameters: 1.4e-3). With eps=1e-6
+# the bf16 parameter tolerance was 4e-2, a few learning rates: Adam turned a rounding difference
+# in a near-zero gradient into a whole lr-sized step, and the parameters moved no further than
+# that in 3 steps, so the check passed without any step.
+TOL = {"fp32": (1e-5, 1e-5), "bf16": (2e-2, 3e-3)}
+# bf16: the slowest parameter (a LayerNorm bias, whose gradient stays below eps) moves by 3.6x
+# the tolerance, so there every parameter must move by 2x the tolerance and the largest move (19
+# x 3e-3) by 10x.
+EACH = {"fp32": None, "bf16": 2.0}
 Clip = Callable[[Any], float]
 
 
@@ -48,9 +57,10 @@ def gpt2() -> Callable[[], nn.Module]:
 
 
 def adamw(model: nn.Module) -> torch.optim.Optimizer:
-    # eps=1e-6: the key biases' gradients are zero up to rounding noise (softmax ignores a
-    # constant shift), which Adam with eps=1e-8 would blow up to lr-sized steps either way.
-    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, eps=1e-6)
+    # eps=1e-2: Adam's update for a gradient below eps stays proportional to it, instead of a
+    # whole lr-sized step whose sign rounding noise decides (the key biases' true gradient is
+    # zero: softmax ignores a constant shift)
+    return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1, eps=1e-2)
 
 
 def lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -67,6 +77,7 @@ class Reference:
     """One process, the plugin's recipe: working weights in ``dtype``, fp32 masters in AdamW."""
 
     def __init__(self, model: nn.Module, precision: str) -> None:
+        self.initial = snapshot(model)
         self.master_model = copy.deepcopy(model).float()  # before the cast: exact masters
         self.model = model.to(DTYPES[precision])
         self.opt = adamw(self.master_model)
@@ -112,7 +123,8 @@ def train_both(
     booster = Booster(plugin=plugin)
     boosted, opt, _, _, _ = booster.boost(model, adamw(model))
     losses, ref_losses, norms = [], [], []
-    for ids in batches(STEPS):
+    # one batch, repeated: every step pushes a parameter the same way, so Adam moves it by ~LR
+    for ids in batches(1) * STEPS:
         loss = lm_loss(boosted, shard(ids, rank, 2))
         booster.backward(loss, opt)
         norm = gemini_clip(opt) if gemini_clip is not None else 0.0
@@ -148,12 +160,11 @@ def test_plugin_matches_single_process(gpt2: Callable[[], nn.Module]) -> None:
         losses, ref_losses, _, boosted, ref = train_both(gpt2, precision, **placements[placement])
         loss_tol, param_tol = TOL[precision]
         torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
+        full = full_params(boosted, ref.master_model)
         assert_params_close(
-            full_params(boosted, ref.master_model).items(),
-            ref.master_model.named_parameters(),
-            rtol=param_tol,
-            atol=param_tol,
+            full.items(), ref.master_model.named_parameters(), rtol=param_tol, atol=param_tol
         )
+        assert_moved(ref.initial, full, param_tol, each=EACH[precision])
 
     case()
 
@@ -163,15 +174,19 @@ def test_clipping_matches_single_process(gpt2: Callable[[], nn.Module]) -> None:
     """``max_norm`` (every step) and ``optimizer.clip_grad_by_norm`` (2- and inf-norm) against
     ``torch.nn.utils.clip_grad_norm_`` on the reference's full gradients."""
 
+    # Active at every step, not so tight that the parameters stop moving: the gradients'
+    # 2-norms here are above 1, their inf-norms above 0.05.
+    limit = {2.0: 0.5, float("inf"): 0.05}
+
     def norm_clip(norm_type: float) -> tuple[Clip, Callable[[list[torch.Tensor]], float]]:
         return (
-            lambda opt: float(opt.clip_grad_by_norm(0.05, norm_type)),
-            lambda grads: float(nn.utils.clip_grad_norm_(grads, 0.05, norm_type)),
+            lambda opt: float(opt.clip_grad_by_norm(limit[norm_type], norm_type)),
+            lambda grads: float(nn.utils.clip_grad_norm_(grads, limit[norm_type], norm_type)),
         )
 
     clips: dict[str, tuple[Clip | None, Callable[[list[torch.Tensor]], float], dict[str, Any]]]
     clips = {
-        "max_norm": (None, norm_clip(2.0)[1], {"max_norm": 0.05}),
+        "max_norm": (None, norm_clip(2.0)[1], {"max_norm": limit[2.0]}),
         "norm": (*norm_clip(2.0), {}),
         "inf": (*norm_clip(float("inf")), {}),
     }
@@ -183,14 +198,11 @@ def test_clipping_matches_single_process(gpt2: Callable[[], nn.Module]) -> None:
             gpt2, "fp32", gemini_clip, ref_clip, **kwargs
         )
         torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-5)
-        assert_params_close(
-            full_params(boosted, ref.master_model).items(),
-            ref.master_model.named_parameters(),
-            rtol=1e-5,
-            atol=1e-5,
-        )
+        full = full_params(boosted, ref.master_model)
+        assert_params_close(full.items(), ref.master_model.named_parameters(), rtol=1e-5, atol=1e-5)
+        assert_moved(ref.initial, full, 1e-5)
         gemini_norms, ref_norms = zip(*norms, strict=True)
-        assert min(ref_norms) > 0.05  # the clip was active
+        assert min(ref_norms) > limit[float("inf") if mode == "inf" else 2.0]  # the clip acted
         if mode != "max_norm":
             torch.testing.assert_close(gemini_norms, ref_norms, rtol=1e-5, atol=1e-6)
 
@@ -224,11 +236,8 @@ def test_accumulation_with_no_sync_equals_large_batch(gpt2: Callable[[], nn.Modu
                 opt.zero_grad()
                 ref.backward(lm_loss(ref.model, torch.cat(micro[i + 1 - accum : i + 1])))
                 ref.step()
-        assert_params_close(
-            full_params(boosted, ref.master_model).items(),
-            ref.master_model.named_parameters(),
-            rtol=1e-5,
-            atol=1e-5,
-        )
+        full = full_params(boosted, ref.master_model)
+        assert_params_close(full.items(), ref.master_model.named_parameters(), rtol=1e-5, atol=1e-5)
+        assert_moved(ref.initial, full, 1e-5)
 
     case()

@@ -119,7 +119,12 @@ def test_save_at_tp2_dp2_resume_at_tp4_in_one_process_and_in_transformers(
                            use_safetensors=True)  # fmt: skip
         booster.save_optimizer(opt, str(root / "optim"), shard=True, size_per_shard=0.01)
         assert len(list((root / "model").glob("*.safetensors"))) > 1
+        with torch.no_grad():  # the loss on ids[3] before the step that the runs compare
+            ids3 = shard(ids[3], dist.get_rank() // 2, 2)
+            before = global_mean(model(input_ids=ids3, labels=ids3).loss)
         continued = step_then_loss(model, train, ids[2:], dp=2)
+        # the step moves the compared loss by 10x the tolerance and more (measured: 1e-3)
+        assert abs(continued - before) > 10 * TOL, (continued, before)
 
         booster4, model4, opt4 = boosted_run(copy.deepcopy(template), 4, zero_stage)
         booster4.load_model(model4, str(root / "model"))

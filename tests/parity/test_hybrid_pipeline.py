@@ -21,13 +21,14 @@ import torch.nn as nn
 from kolossos.booster import Booster
 from kolossos.booster.plugin import HybridParallelPlugin
 from kolossos.nn.layer.parallel_1d import gather_tp_full, get_tp_spec
+from kolossos.pipeline.schedule import schedule_names, schedule_spec
 from kolossos.testing import distributed, parameterize
-from kolossos.testing.parity import shard
+from kolossos.testing.parity import assert_moved, shard
 
-STEPS = 3
+STEPS = 8
 GLOBAL_BATCH = 8
 SEQ = 8
-LR = 2e-3
+LR = 3e-2
 SCALE = 2.0**10
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # (loss, parameters) rtol = atol. fp32: pipelining changes no arithmetic except the order in which
@@ -37,6 +38,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # once), plus TP's per-rank rounding: one or two ulps of the working dtype per step, which Adam
 # turns into up to a few learning rates for near-zero gradients.
 TOL = {"fp32": (2e-5, 2e-5), "bf16": (3e-2, 1.5e-2), "fp16": (5e-3, 5e-3)}
+# STEPS AdamW steps (see ``adamw``) at LR on one repeated batch move the parameters by 10x the
+# tolerances and more (assert_moved); 3 steps at lr 2e-3 moved them by 7e-3 at most, less than
+# the low-precision tolerances, so those checks passed without any step. In low precision (eps
+# 1e-2) the slowest parameters move less than the tolerance, so there only the largest move must
+# reach 10x: the fp32 runs of the same layouts hold every parameter to 10x their tolerance.
+EACH = {"fp32": None, "bf16": 0.0, "fp16": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +70,18 @@ def build() -> Callable[..., nn.Module]:
     return lambda family="gpt2": families[family]()
 
 
-def adamw(model: nn.Module) -> torch.optim.Optimizer:
-    # eps 1e-6: attention key biases get rounding-noise gradients (see the TP parity test)
-    return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1, eps=1e-6)
+def adamw(model: nn.Module, precision: str = "fp32") -> torch.optim.Optimizer:
+    # eps 1e-3 (fp32) / 1e-2 (low precision): attention key biases get rounding-noise gradients
+    # that a small eps blows up to lr-sized steps (see the TP parity test)
+    eps = 1e-3 if precision == "fp32" else 1e-2
+    return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1, eps=eps)
 
 
 def batches() -> list[dict[str, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(3)
-    ids = [torch.randint(2, 100, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(STEPS)]
-    return [{"input_ids": x, "labels": x} for x in ids]
+    """One global batch, STEPS times: every step pushes a parameter the same way, so Adam
+    moves it by up to LR per step."""
+    ids = torch.randint(2, 100, (GLOBAL_BATCH, SEQ), generator=torch.Generator().manual_seed(3))
+    return [{"input_ids": ids, "labels": ids}] * STEPS
 
 
 def lm_loss(outputs: Any, inputs: Any) -> torch.Tensor:
@@ -85,7 +95,7 @@ class Reference:
         self.dtype = DTYPES[precision]
         self.model = copy.deepcopy(model).to(self.dtype)
         self.master = copy.deepcopy(model).float()
-        self.opt = adamw(self.master)
+        self.opt = adamw(self.master, precision)
         self.max_norm = max_norm
 
     def step(self, batch: dict[str, torch.Tensor], parts: int = 1) -> float:
@@ -120,12 +130,13 @@ def run(
     ``execute_pipeline`` calls on slices of the batch before ``optimizer.step()``."""
     torch.manual_seed(0)
     model = build(family)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
     ref = Reference(model, precision, max_norm)
     plugin = HybridParallelPlugin(
         precision=precision, initial_scale=SCALE, max_norm=max_norm, **({"tp_size": 1} | kw)
     )
     booster = Booster(plugin=plugin)
-    boosted, opt, *_ = booster.boost(model, adamw(model))
+    boosted, opt, *_ = booster.boost(model, adamw(model, precision))
     dp, dp_rank = plugin.mesh.dp_size, plugin.mesh.dp_rank
     losses, ref_losses = [], []
     for batch in batches():
@@ -148,14 +159,16 @@ def run(
         ref_losses.append(ref.step(batch, parts))
     loss_tol, param_tol = TOL[precision]
     torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
-    check_params(boosted, ref.model, param_tol)
+    full = check_params(boosted, ref.model, param_tol)
+    assert_moved(initial, full, param_tol, each=EACH[precision])
     return losses
 
 
-def check_params(boosted: Any, ref: nn.Module, tol: float) -> None:
-    """Every parameter this rank holds, gathered over TP, equals the reference's (by name)."""
+def check_params(boosted: Any, ref: nn.Module, tol: float) -> dict[str, torch.Tensor]:
+    """Every parameter this rank holds, gathered over TP, equals the reference's (by name);
+    returns them."""
     theirs = dict(ref.named_parameters(remove_duplicate=False))
-    seen = 0
+    mine = {}
     for chunk in boosted.chunks:
         for name, p in chunk.named_parameters():
             spec = get_tp_spec(p)
@@ -163,29 +176,32 @@ def check_params(boosted: Any, ref: nn.Module, tol: float) -> None:
             torch.testing.assert_close(
                 full.float(), theirs[name].detach().float(), rtol=tol, atol=tol, msg=name
             )
-            seen += 1
-    assert seen > 0
+            mine[name] = full
+    assert mine
+    return mine
 
 
 @distributed(4)
 def test_pipeline_matches_single_process(build: Callable[..., nn.Module]) -> None:
     schedules: dict[str, list[float]] = {}
 
-    # pp 2 x dp 2: every schedule, identical losses
-    @parameterize("style", ["1f1b", "interleaved", "zbv"])
+    # pp 2 x dp 2: every registered schedule, identical losses
+    @parameterize("style", list(schedule_names()))
     def schedule(style: str) -> None:
-        chunks = 1 if style == "1f1b" else 2
+        chunks = schedule_spec(style).default_chunks
         schedules[style] = run(
             build, pp_size=2, pp_style=style, num_model_chunks=chunks, num_microbatches=2
         )
 
     schedule()
-    # 1F1B and interleaved do the same arithmetic in the same order: bit-identical losses. In
-    # ZB-V's V layout the tied wte and lm_head share one Parameter on rank 0, so their gradients
-    # are added by autograd rather than by the all-reduce between two ranks: the same sum in
-    # another order, i.e. float32 rounding (measured 2.4e-7 after three steps).
-    assert schedules["1f1b"] == schedules["interleaved"], schedules
-    torch.testing.assert_close(schedules["zbv"], schedules["1f1b"], rtol=1e-6, atol=1e-6)
+    # GPipe, 1F1B and interleaved do the same arithmetic in the same order: bit-identical
+    # losses. In ZB-V's V layout the tied wte and lm_head share one Parameter on rank 0, so their
+    # gradients are added by autograd rather than by the all-reduce between two ranks: the same
+    # sum in another order, i.e. float32 rounding (measured 2.4e-7 after three steps); ZB-H1's
+    # split backward sums the weight gradients in another order too.
+    assert schedules["1f1b"] == schedules["interleaved"] == schedules["gpipe"], schedules
+    for split in ("zbv", "zbh1"):
+        torch.testing.assert_close(schedules[split], schedules["1f1b"], rtol=1e-6, atol=1e-6)
 
     # pp 2 x tp 2 (tied wte/lm_head on two stages, vocabulary padded), clipping active
     run(build, pp_size=2, tp_size=2, num_microbatches=4, max_norm=0.05)

@@ -24,7 +24,7 @@ import kolossos
 from kolossos.booster import Booster
 from kolossos.booster.plugin import LowLevelZeroPlugin, TorchDDPPlugin
 from kolossos.interface import unwrap_model
-from kolossos.testing import spawn
+from kolossos.testing import assert_moved, spawn
 
 pytest.importorskip("safetensors")
 
@@ -116,6 +116,14 @@ def run(fn: Any, layout: str, world: int, directory: Path) -> Any:
     return spawn(_rank, world, phase=fn, directory=directory, layout=layout)[0]
 
 
+def untrained() -> tuple[dict[str, torch.Tensor], float]:
+    """The seed-0 model's parameters before training, and its loss on the last batch."""
+    model, _, _ = build(seed=0)
+    x, y = batch(2 * K - 1)
+    with torch.no_grad():
+        return dict(model.state_dict()), nn.functional.mse_loss(model(x), y).item()
+
+
 @pytest.fixture(scope="module")
 def reference() -> tuple[list[float], dict[str, list[Any]]]:
     booster, model, opt, sched = boosted("none", seed=0)
@@ -152,6 +160,7 @@ def test_resume_under_another_layout(
     assert resumed[0] != losses[-1]  # training really continued from the checkpoint
     for name, value in ref_params.items():
         torch.testing.assert_close(torch.tensor(params[name]), torch.tensor(value), **TOL, msg=name)
+    assert_moved(untrained()[0], {n: torch.tensor(v) for n, v in params.items()}, TOL["atol"])
 
 
 @pytest.mark.parametrize("layout", ["zero2", "zero1-bf16"])
@@ -164,6 +173,7 @@ def test_resume_at_the_same_layout_is_bit_identical(tmp_path: Path, layout: str)
     losses = run(save_phase, layout, 2, tmp_path)
     resumed, _ = run(load_phase, layout, 2, tmp_path)
     assert losses + resumed == expected
+    assert abs(expected[-1] - untrained()[1]) > 1e-3  # and training changed the loss
     files = sorted(p.name for p in (tmp_path / "model").iterdir())
     assert "model.safetensors.index.json" in files and "config.json" not in files
     from safetensors.torch import load_file

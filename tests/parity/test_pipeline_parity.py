@@ -26,7 +26,7 @@ from kolossos.pipeline import (
     create_schedule,
 )
 from kolossos.testing import distributed, parameterize
-from kolossos.testing.parity import make_classification_batches
+from kolossos.testing.parity import assert_moved, make_classification_batches
 
 STEPS = 3
 GLOBAL_BATCH = 16
@@ -90,12 +90,23 @@ def train_pipeline(
     return losses, chunks, runner
 
 
-def assert_layers_match(chunks: nn.Module, reference: nn.Module) -> None:
+def initial_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The untrained parameters by name, tied ones under each of their names."""
+    return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def assert_layers_match(
+    chunks: nn.Module, reference: nn.Module, initial: dict[str, torch.Tensor]
+) -> None:
+    """This rank's layers equal the reference's, and moved by 10x the tolerance."""
     expected = dict(reference.named_parameters(remove_duplicate=False))
     mods = chunks if isinstance(chunks, nn.ModuleList) else [chunks]
+    mine = {}
     for chunk in mods:
         for name, p in chunk.named_parameters(remove_duplicate=False):
             torch.testing.assert_close(p, expected[name], rtol=TOL, atol=TOL, msg=name)
+            mine[name] = p
+    assert_moved(initial, mine, TOL)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -113,7 +124,7 @@ def test_schedules_match_single_process(world_size: int) -> None:
         sm = manager(mesh, schedule)
         losses, chunks, runner = train_pipeline(mlp(), sm, schedule, batches, F.cross_entropy, m)
         torch.testing.assert_close(losses, ref_losses, rtol=TOL, atol=TOL)
-        assert_layers_match(chunks, ref_model)
+        assert_layers_match(chunks, ref_model, initial_params(mlp()))
         all_losses[schedule] = losses
         check_live_activations(schedule, sm, runner.last_stats, m)
 
@@ -184,7 +195,7 @@ def test_tied_weights_across_stages() -> None:
 
         losses, chunks, runner = train_pipeline(tied_lm(), sm, schedule, batches, lm_loss, 4, share)
         torch.testing.assert_close(losses, ref_losses, rtol=TOL, atol=TOL)
-        assert_layers_match(chunks, ref_model)
+        assert_layers_match(chunks, ref_model, initial_params(tied_lm()))
         # accumulating two steps gives twice one step's gradient, shared parameters included
         grads = []
         for calls in (1, 2):
@@ -295,7 +306,7 @@ def test_gpt2_split_by_hand(gpt2: Any) -> None:
             opt.zero_grad()
             losses.append(last_stage_value(out["loss"], sm))
         torch.testing.assert_close(losses, ref_losses, rtol=TOL, atol=TOL)
-        assert_layers_match(chunks, gpt2_stages(reference))
+        assert_layers_match(chunks, gpt2_stages(reference), initial_params(gpt2_stages(gpt2())))
         assert runner.last_stats.split_fallbacks == 0
 
     case()

@@ -24,6 +24,7 @@ from torch.distributed.fsdp.wrap import (
     transformer_auto_wrap_policy,
 )
 
+from kolossos.booster.plugin.plugin_base import config_from_arguments
 from kolossos.fsdp import TorchFSDPConfig, build_config
 from kolossos.fsdp.wrap import plan_units, transformer_block_classes
 from kolossos.testing.parity import TinyMLP
@@ -63,7 +64,7 @@ def test_hybrid_needs_a_pair_of_groups_or_a_mesh() -> None:
     with pytest.raises(TypeError, match="ProcessGroup"):
         build_config(process_group="world")
     with pytest.raises(ValueError, match="not both"):
-        build_config(process_group=group, extra={"device_mesh": object()})
+        build_config(process_group=group, device_mesh=object())
 
 
 # --- offload, prefetch ------------------------------------------------------------------------
@@ -143,23 +144,23 @@ def test_precision_conflicts_and_unsupported_fields_are_rejected() -> None:
 
 # --- other arguments ------------------------------------------------------------------------
 def test_fsdp1_extra_arguments() -> None:
-    cfg = build_config(extra={"forward_prefetch": True, "limit_all_gathers": False})
+    cfg = build_config(forward_prefetch=True, limit_all_gathers=False)
     assert cfg.forward_prefetch
-    build_config(extra={"use_orig_params": True, "device_id": "cpu"})
+    build_config(use_orig_params=True, device_id="cpu")
     with pytest.raises(NotImplementedError, match="use_orig_params=False"):
-        build_config(extra={"use_orig_params": False})
+        build_config(use_orig_params=False)
     with pytest.raises(TypeError, match=r"unexpected keyword argument.*bucket_cap_mb"):
-        build_config(extra={"bucket_cap_mb": 25})
+        build_config(bucket_cap_mb=25)
     with pytest.raises(ValueError, match="device_id=3"):
-        build_config(extra={"device_id": 3})  # a CUDA index on this CPU process
+        build_config(device_id=3)  # a CUDA index on this CPU process
 
 
 def test_ignored_modules_and_states() -> None:
     model = TinyMLP()
-    cfg = build_config(extra={"ignored_states": [model.fc1, model.fc2.bias]})
+    cfg = build_config(ignored_states=[model.fc1, model.fc2.bias])
     assert cfg.ignored_modules == (model.fc1,) and cfg.ignored_params == (model.fc2.bias,)
     with pytest.raises(ValueError, match="not both"):
-        build_config(ignored_modules=[model.fc1], extra={"ignored_states": [model.fc2]})
+        build_config(ignored_modules=[model.fc1], ignored_states=[model.fc2])
 
 
 def test_config_validation() -> None:
@@ -168,7 +169,7 @@ def test_config_validation() -> None:
     with pytest.raises(TypeError, match="sync_module_states"):
         build_config(sync_module_states="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="growth_interval=0"):
-        build_config(scaler={"growth_interval": 0})
+        config_from_arguments(build_config, {"growth_interval": 0})  # as the plugin groups it
     with pytest.raises(ValueError, match="param_dtype"):
         TorchFSDPConfig(precision="bf16")  # the dtype must come with it
     with pytest.raises(TypeError, match="param_init_fn"):

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 import torch
 
+from kolossos.amp import LOSS_SCALE_KEYWORDS
+from kolossos.booster.plugin.plugin_base import config_from_arguments
 from kolossos.zero.gemini.gemini_config import GeminiConfig
+
+
+def _config(**kwargs: Any) -> GeminiConfig:
+    """The config GeminiPlugin builds from these keywords (loss-scale ones grouped)."""
+    return config_from_arguments(GeminiConfig, kwargs)
 
 
 def test_defaults_are_colossal_ai_s() -> None:
@@ -21,12 +28,12 @@ def test_defaults_are_colossal_ai_s() -> None:
         0.0,
     )
     assert config.precision == "fp16" and config.dtype == torch.float16
-    assert config.initial_scale == 2**16 and config.max_scale == 2**32
+    assert config.loss_scale.initial_scale == 2**16 and config.loss_scale.max_scale == 2**32
     assert (config.search_range_m, config.min_chunk_size_m, config.hidden_dim) == (32, 32, None)
 
 
 def test_kwargs_split_between_ddp_and_optimizer() -> None:
-    config = GeminiConfig(
+    config = _config(
         placement_policy="auto",
         gpu_margin_mem_ratio=0.5,
         precision="bf16",
@@ -43,7 +50,8 @@ def test_kwargs_split_between_ddp_and_optimizer() -> None:
     assert opt["max_norm"] == 1.0 and isinstance(opt["max_norm"], float)
     assert set(ddp).isdisjoint(opt.keys() - {"verbose"})
     # Every field lands in exactly one of them (device is checked, precision becomes a dtype).
-    names = {f for f in GeminiConfig.__dataclass_fields__}
+    names = {f for f in GeminiConfig.__dataclass_fields__} - {"loss_scale"}
+    names |= set(LOSS_SCALE_KEYWORDS)  # the policy reaches the optimizer as its seven keywords
     assert names - {"precision", "device"} == (ddp.keys() - {"mixed_precision"}) | opt.keys()
 
 
@@ -97,7 +105,7 @@ def test_bad_arguments_are_refused_with_their_name(
     kwargs: dict[str, Any], error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=re.escape(message)):
-        GeminiConfig(**kwargs)
+        _config(**kwargs)
 
 
 def test_policy_specific_options_are_accepted_under_their_policy() -> None:

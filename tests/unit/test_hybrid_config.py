@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 import torch
 
+from kolossos.amp import LOSS_SCALE_KEYWORDS, LossScalePolicy
 from kolossos.booster.plugin import PLUGINS, HybridParallelPlugin
-from kolossos.booster.plugin.hybrid import HybridParallelConfig, check_world, mesh_layout
-from kolossos.booster.plugin.hybrid.grad_norm import tp_global_norm
-from kolossos.booster.plugin.hybrid.sharding import needs_sharding
+from kolossos.booster.plugin.plugin_base import config_from_arguments
+from kolossos.hybrid import HybridParallelConfig, check_world, mesh_layout
+from kolossos.hybrid.grad_norm import tp_global_norm
+from kolossos.hybrid.sharding import needs_sharding
 
 # Colossal-AI's HybridParallelPlugin keywords (tp_size/pp_size first), in its order.
 COLOSSAL_KEYWORDS = [
@@ -66,8 +68,10 @@ def test_signature_has_every_colossal_keyword_and_the_config_mirrors_it() -> Non
     params = inspect.signature(HybridParallelPlugin.__init__).parameters
     assert list(params)[1:] == COLOSSAL_KEYWORDS
     fields = inspect.signature(HybridParallelConfig).parameters
+    policy = LossScalePolicy()  # the config's default loss-scale policy
     for name in COLOSSAL_KEYWORDS[1:]:
-        assert params[name].default == fields[name].default, name
+        default = getattr(policy, name) if name in LOSS_SCALE_KEYWORDS else fields[name].default
+        assert params[name].default == default, name
     assert params["initial_scale"].default == 2**16
     assert params["sequence_parallelism_mode"].default == "split_gather"
     assert PLUGINS["hybrid_parallel"] is HybridParallelPlugin
@@ -79,8 +83,8 @@ def test_defaults_and_derived_kwargs() -> None:
     zero = config.zero_kwargs()
     assert zero["partition_grad"] and zero["clip_grad_norm"] == 1.0
     assert zero["reduce_bucket_size"] == 12 * 2**20 and zero["initial_scale"] == 2**16
-    ddp = HybridParallelConfig(tp_size=1, ddp_bucket_cap_mb=5).ddp_kwargs()
-    assert ddp["bucket_cap_mb"] == 5 and ddp["broadcast_buffers"] is True
+    ddp = HybridParallelConfig(tp_size=1, ddp_bucket_cap_mb=5).ddp_config()
+    assert ddp.bucket_cap_mb == 5 and ddp.broadcast_buffers is True
     assert check_world(config, 8) == 4
 
 
@@ -108,7 +112,8 @@ def test_defaults_and_derived_kwargs() -> None:
             "'ring' is not implemented",
         ),
         ({"tp_size": 1, "enable_sequence_parallelism": True}, ValueError, "tp_size >= 2"),
-        ({"pp_style": "gpipe"}, ValueError, "pp_style='gpipe'"),
+        ({"pp_style": "zigzag"}, ValueError, "pp_style='zigzag' is not a pipeline schedule"),
+        ({"pp_style": "1f1b", "num_model_chunks": 2}, ValueError, "'interleaved'"),
         ({"num_model_chunks": 2}, ValueError, "interleaved"),
         ({"num_layers_per_stage": [2, 0]}, ValueError, "num_layers_per_stage"),
         ({"num_microbatches": 0}, ValueError, "num_microbatches=0"),
@@ -133,7 +138,7 @@ def test_defaults_and_derived_kwargs() -> None:
 )
 def test_bad_arguments_fail_with_the_fix(kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
-        HybridParallelConfig(**({"tp_size": 2} | kwargs))
+        config_from_arguments(HybridParallelConfig, {"tp_size": 2} | kwargs)
 
 
 def test_sequence_parallelism_and_pipeline_options_that_are_valid() -> None:
@@ -194,7 +199,7 @@ def test_norm_counts_sharded_and_replicated_pieces_locally() -> None:
     ],
 )
 def test_shardformer_options_it_cannot_honour_are_refused(kwargs: dict[str, Any]) -> None:
-    from kolossos.booster.plugin.hybrid.sharding import check_shard_options
+    from kolossos.hybrid.sharding import check_shard_options
 
     check_shard_options(HybridParallelConfig(tp_size=2, parallel_output=False))  # forwarded
     name = next(iter(kwargs))

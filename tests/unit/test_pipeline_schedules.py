@@ -10,7 +10,27 @@ import pytest
 import torch
 import torch.nn as nn
 
-from kolossos.pipeline.schedule import SCHEDULES, Action, ActionKind, ScheduleTable, build_table
+from kolossos.pipeline import PipelineStageManager
+from kolossos.pipeline.schedule import (
+    SCHEDULES,
+    Action,
+    ActionKind,
+    GPipeSchedule,
+    InterleavedSchedule,
+    OneForwardOneBackwardSchedule,
+    PipelineSchedule,
+    ScheduleSpec,
+    ScheduleTable,
+    ZeroBubbleH1Schedule,
+    ZeroBubbleVSchedule,
+    build_table,
+    check_num_chunks,
+    create_schedule,
+    register_schedule,
+    schedule_names,
+    schedule_spec,
+    unregister_schedule,
+)
 from kolossos.pipeline.schedule.microbatch import (
     first_stage_call,
     loss_target,
@@ -19,6 +39,7 @@ from kolossos.pipeline.schedule.microbatch import (
 )
 from kolossos.pipeline.schedule.split_backward import backward_input, backward_weight
 from kolossos.pipeline.schedule.table import validate_table
+from kolossos.pipeline.schedule.tables import gpipe_bubble, gpipe_table
 from kolossos.pipeline.simulate import (
     Costs,
     DeadlockError,
@@ -256,7 +277,6 @@ def test_split_backward_equals_plain_backward(kind: str) -> None:
 def test_schedule_config_and_single_process_runner() -> None:
     """Validation before any communication; a one-stage pipeline runs without a process group
     and equals plain training."""
-    from kolossos.pipeline import PipelineStageManager, create_schedule
     from kolossos.pipeline.schedule import ScheduleConfig
 
     with pytest.raises(ValueError, match="exactly one of"):
@@ -288,3 +308,120 @@ def test_schedule_config_and_single_process_runner() -> None:
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
     assert runner.last_stats is not None and runner.last_stats.peak_live == 1
+
+
+# --- the registry --------------------------------------------------------------------------------
+def train_one_step(runner: PipelineSchedule) -> None:
+    """One single-process step of ``runner`` equals plain training."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(6, 4), torch.randn(6, 2)
+    out = runner.forward_backward_step(model, iter([(x, y)]), nn.functional.mse_loss)
+    ref_loss = nn.functional.mse_loss(ref(x), y)
+    ref_loss.backward()
+    torch.testing.assert_close(out["loss"], ref_loss)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_a_registered_schedule_is_available_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    """A table builder plus one registration: build_table, create_schedule and the simulator
+    take the new name with no other change; unregistering restores the registry."""
+    before = dict(SCHEDULES)
+    toy = ScheduleSpec(name="toy-gpipe", builder=lambda p, m, v: gpipe_table(p, m),
+                       closed_form=gpipe_bubble)  # fmt: skip
+    assert register_schedule(toy) is toy
+    try:
+        assert "toy-gpipe" in schedule_names() and schedule_spec("toy-gpipe") is toy
+        table = build_table("toy-gpipe", 3, 4)
+        assert table.name == "toy-gpipe" and table.ranks == build_table("gpipe", 3, 4).ranks
+        runner = create_schedule("toy-gpipe", PipelineStageManager.default(), num_microbatches=3)
+        assert type(runner) is PipelineSchedule and runner.name == "toy-gpipe"
+        assert runner.spec is toy and runner.table(3).name == "toy-gpipe"
+        train_one_step(runner)
+        assert main(["--schedule", "toy-gpipe", "--pp", "2", "--microbatches", "4"]) == 0
+        assert "toy-gpipe: pp=2 microbatches=4 chunks=1 makespan=15 bubble=0.2000 (closed form " \
+            "0.2000)" in capsys.readouterr().out  # fmt: skip
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        assert "toy-gpipe" in capsys.readouterr().out
+        with pytest.raises(ValueError, match="already registered"):
+            register_schedule(toy)
+    finally:
+        assert unregister_schedule("toy-gpipe") is toy
+    assert dict(SCHEDULES) == before and "toy-gpipe" not in schedule_names()
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'toy-gpipe'"):
+        build_table("toy-gpipe", 3, 4)
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'toy-gpipe'"):
+        create_schedule("toy-gpipe", PipelineStageManager.default(), num_microbatches=3)
+    with pytest.raises(SystemExit):
+        main(["--schedule", "toy-gpipe"])
+    assert "invalid choice: 'toy-gpipe'" in capsys.readouterr().err
+    assert closed_form_bubble("toy-gpipe", 2, 4) is None
+
+
+def test_classes_follow_their_registration() -> None:
+    expected = {"gpipe": GPipeSchedule, "1f1b": OneForwardOneBackwardSchedule,
+                "interleaved": InterleavedSchedule, "zbh1": ZeroBubbleH1Schedule,
+                "zbv": ZeroBubbleVSchedule}  # fmt: skip
+    assert set(schedule_names()) == set(expected)
+    for name, cls in expected.items():
+        spec = schedule_spec(name)
+        manager = PipelineStageManager.default(num_model_chunks=spec.default_chunks,
+                                               layout=spec.layout)  # fmt: skip
+        runner = create_schedule(name, manager, num_microbatches=2)
+        assert type(runner) is cls and runner.spec is spec and runner.name == name
+        assert (runner.layout, runner.split_backward) == (spec.layout, spec.split_backward)
+        table = runner.table(2)
+        assert table.layout == spec.layout and table.split_backward == spec.split_backward
+        assert table.ranks == build_table(name, 1, 2, spec.default_chunks).ranks
+    assert (
+        schedule_spec("zbv").fixed_chunks == 2 and schedule_spec("interleaved").fixed_chunks is None
+    )
+    runner = PipelineSchedule(PipelineStageManager.default(), 2, schedule="zbh1")  # no class needed
+    assert runner.split_backward and runner.table(2).name == "zbh1"
+    with pytest.raises(ValueError, match="runs schedule '1f1b', got schedule='gpipe'"):
+        OneForwardOneBackwardSchedule(PipelineStageManager.default(), 2, schedule="gpipe")
+    with pytest.raises(ValueError, match="num_model_chunks=2; set num_model_chunks=1"):
+        create_schedule(
+            "1f1b", PipelineStageManager.default(num_model_chunks=2), num_microbatches=2
+        )
+    with pytest.raises(NotImplementedError, match="override build_table"):
+        PipelineSchedule(PipelineStageManager.default(), 2).table(2)
+
+
+def test_registry_validation_messages() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"unknown pipeline schedule 'pipedream'; choose one of "
+        r"\['1f1b', 'gpipe', 'interleaved', 'zbh1', 'zbv'\].*register_schedule",
+    ):
+        schedule_spec("pipedream")
+    assert check_num_chunks("zbv", None) == 2 and check_num_chunks("interleaved", 5) == 5
+    with pytest.raises(
+        ValueError,
+        match=r"got num_model_chunks=3; set num_model_chunks=2, or use a "
+        r"schedule that takes any count \('interleaved'\)",
+    ):
+        check_num_chunks("zbv", 3, arg="num_model_chunks")
+    with pytest.raises(ValueError, match="num_chunks=0 must be an int >= 1"):
+        check_num_chunks("interleaved", 0)
+    with pytest.raises(ValueError, match="layout='ring' is unknown"):
+        ScheduleSpec(name="bad", builder=lambda p, m, v: gpipe_table(p, m), layout="ring")
+    with pytest.raises(ValueError, match="default_chunks=1 differs from fixed_chunks=2"):
+        ScheduleSpec(name="bad", builder=lambda p, m, v: gpipe_table(p, m), fixed_chunks=2)
+    with pytest.raises(ValueError, match="non-empty string"):
+        ScheduleSpec(name="", builder=lambda p, m, v: gpipe_table(p, m))
+    with pytest.raises(TypeError, match="takes a ScheduleSpec"):
+        register_schedule(("toy", gpipe_table))  # type: ignore[arg-type]
+    lying = ScheduleSpec(
+        name="lying", builder=lambda p, m, v: gpipe_table(p, m), split_backward=True
+    )
+    register_schedule(lying)
+    try:
+        with pytest.raises(ValueError, match="its registration says"):
+            build_table("lying", 2, 2)
+    finally:
+        unregister_schedule("lying")
+    assert "lying" not in SCHEDULES

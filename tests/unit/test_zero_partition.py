@@ -8,10 +8,10 @@ import itertools
 import pytest
 import torch
 
-from kolossos.booster.plugin.low_level_zero_plugin import LowLevelZeroConfig
+from kolossos.amp import LossScalePolicy
 from kolossos.zero.low_level.bucket import BufferPool, buckets_of_params, plan_buckets
+from kolossos.zero.low_level.config import LowLevelZeroConfig
 from kolossos.zero.low_level.flat_buffers import attach_grad_views, flatten_params, param_views
-from kolossos.zero.low_level.model import cast_floating
 from kolossos.zero.low_level.options import ZeroOptions
 from kolossos.zero.low_level.partition import FlatLayout, intersect
 from kolossos.zero.low_level.state_io import PartitionStateBuilder, local_piece
@@ -113,11 +113,6 @@ def test_buffer_pool_reuses_buffers() -> None:
     assert pool.acquire(3).data_ptr() != b.data_ptr()
 
 
-def test_cast_floating_inputs() -> None:
-    out = cast_floating((torch.ones(1), {"ids": torch.ones(1, dtype=torch.long)}), torch.bfloat16)
-    assert out[0].dtype == torch.bfloat16 and out[1]["ids"].dtype == torch.long
-
-
 def test_plugin_config_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="GeminiPlugin or TorchFSDPPlugin"):
         LowLevelZeroConfig(stage=3)
@@ -136,7 +131,7 @@ def test_plugin_config_rejects_bad_arguments() -> None:
     with pytest.raises(TypeError, match="cpu_offload"):
         LowLevelZeroConfig(cpu_offload="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="initial_scale"):
-        LowLevelZeroConfig(initial_scale=2**40)
+        LowLevelZeroConfig(loss_scale=LossScalePolicy(initial_scale=2**40))
     config = LowLevelZeroConfig(stage=2, precision="bf16", reduce_bucket_size_in_m=0.5)
     kwargs = config.optimizer_kwargs()
     assert kwargs["partition_grad"] and kwargs["reduce_bucket_size"] == 2**19

@@ -15,6 +15,7 @@ opt_level  apex                                                kolossos
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -81,9 +82,11 @@ class FP16ApexMixedPrecision(MixedPrecision):
             self._inner = None
         elif opt_level == "O1":
             torch_amp = FP16TorchMixedPrecision(init_scale=initial, growth_interval=2000)
-            torch_amp.scaler_args.update(min_scale=min_scale, max_scale=max_scale)
-            if not dynamic:  # a fixed scale never grows
-                torch_amp.scaler_args.update(min_scale=initial, max_scale=initial)
+            # a fixed scale never grows
+            low, high = (min_scale, max_scale) if dynamic else (initial, initial)
+            torch_amp.loss_scale = dataclasses.replace(
+                torch_amp.loss_scale, min_scale=low, max_scale=high
+            )
             self._inner = torch_amp
         else:
             keep_bn = keep_batchnorm_fp32 in (True, "True") or (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.optim import Optimizer
 
-from kolossos.amp import DynamicGradScaler
+from kolossos.amp import DynamicGradScaler, LossScalePolicy
 from kolossos.amp.fp16_module import FP16Module
 from kolossos.amp.loss_scaled_optimizer import LossScaledOptimizer
 from kolossos.booster.mixed_precision.mixed_precision_base import (
@@ -56,17 +56,7 @@ class FP16NaiveMixedPrecision(MixedPrecision):
         self.verbose = verbose
         self.keep_batchnorm_fp32 = keep_batchnorm_fp32
         self.master_weights = master_weights
-        self.scaler_args = dict(
-            initial_scale=initial_scale,
-            min_scale=min_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            hysteresis=hysteresis,
-            max_scale=max_scale,
-            verbose=verbose,
-        )
-        DynamicGradScaler(**self.scaler_args)  # type: ignore[arg-type]  # validate now
+        self.loss_scale = LossScalePolicy.of(locals())  # validated now, before any model is touched
 
     def configure(
         self,
@@ -77,7 +67,7 @@ class FP16NaiveMixedPrecision(MixedPrecision):
         wrapped_model = FP16Module(model, keep_batchnorm_fp32=self.keep_batchnorm_fp32)
         wrapped_opt = None
         if optimizer is not None:
-            scaler = DynamicGradScaler(**self.scaler_args)  # type: ignore[arg-type]
+            scaler = DynamicGradScaler.from_policy(self.loss_scale, self.verbose)
             wrapped_opt = LossScaledOptimizer(
                 unwrapped_optimizer(optimizer),
                 scaler,

@@ -6,13 +6,14 @@ import torch
 import torch.nn as nn
 from torch.optim import Optimizer
 
-from kolossos.amp import DynamicGradScaler
+from kolossos.amp import DynamicGradScaler, LossScalePolicy
 from kolossos.amp.loss_scaled_optimizer import LossScaledOptimizer
 from kolossos.booster.mixed_precision.mixed_precision_base import (
     AutocastCriterion,
     AutocastModel,
     Criterion,
     MixedPrecision,
+    as_optimizer_wrapper,
     unwrapped_optimizer,
 )
 from kolossos.interface import OptimizerWrapper
@@ -49,7 +50,7 @@ class FP16TorchMixedPrecision(MixedPrecision):
         enabled: bool = True,
     ) -> None:
         self.enabled = enabled
-        self.scaler_args = dict(
+        self.loss_scale = LossScalePolicy(
             initial_scale=init_scale,
             growth_factor=growth_factor,
             backoff_factor=backoff_factor,
@@ -57,8 +58,7 @@ class FP16TorchMixedPrecision(MixedPrecision):
             hysteresis=1,
             min_scale=2.0**-24,  # torch's GradScaler has no floor; keep the scale representable
             max_scale=2.0**64,
-        )
-        DynamicGradScaler(**self.scaler_args)  # type: ignore[arg-type]  # validate now
+        )  # validated now, before any model is touched
 
     def configure(
         self,
@@ -67,17 +67,12 @@ class FP16TorchMixedPrecision(MixedPrecision):
         criterion: Criterion | None = None,
     ) -> tuple[nn.Module, OptimizerWrapper | None, Criterion | None]:
         if not self.enabled:
-            return model, optimizer if optimizer is None else _plain(optimizer), criterion
+            plain = None if optimizer is None else as_optimizer_wrapper(optimizer)
+            return model, plain, criterion
         wrapped_model = AutocastModel(model, torch.float16)
         wrapped_opt = None
         if optimizer is not None:
-            scaler = DynamicGradScaler(**self.scaler_args)  # type: ignore[arg-type]
+            scaler = DynamicGradScaler.from_policy(self.loss_scale)
             wrapped_opt = LossScaledOptimizer(unwrapped_optimizer(optimizer), scaler)
         wrapped_crit = None if criterion is None else AutocastCriterion(criterion, torch.float16)
         return wrapped_model, wrapped_opt, wrapped_crit
-
-
-def _plain(optimizer: Optimizer | OptimizerWrapper) -> OptimizerWrapper:
-    from kolossos.booster.mixed_precision.mixed_precision_base import as_optimizer_wrapper
-
-    return as_optimizer_wrapper(optimizer)

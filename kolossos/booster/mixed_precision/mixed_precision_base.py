@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from torch.optim import Optimizer
 
+from kolossos.accelerator import get_accelerator
 from kolossos.interface import ModelWrapper, OptimizerWrapper
 
 Criterion = Callable[..., torch.Tensor]
@@ -48,8 +49,6 @@ class AutocastModel(ModelWrapper):
         self.dtype = dtype
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from kolossos.accelerator import get_accelerator
-
         with torch.autocast(device_type=get_accelerator().amp_device_type, dtype=self.dtype):
             return self.module(*args, **kwargs)
 
@@ -63,8 +62,6 @@ class AutocastCriterion:
         self.dtype = dtype
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        from kolossos.accelerator import get_accelerator
-
         with torch.autocast(device_type=get_accelerator().amp_device_type, dtype=self.dtype):
             return self.criterion(*args, **kwargs)
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from kolossos.accelerator import get_accelerator
 from kolossos.booster.plugin.plugin_base import Plugin
 
 
@@ -94,8 +95,6 @@ class DPPluginBase(Plugin):
         )
         generator = torch.Generator()
         generator.manual_seed(seed + self.dp_rank)
-        from kolossos.accelerator import get_accelerator
-
         return DataLoader(
             dataset,
             batch_size=batch_size,

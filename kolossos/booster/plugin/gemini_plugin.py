@@ -23,9 +23,10 @@ from torch.utils.data import DataLoader
 
 from kolossos.accelerator import get_accelerator
 from kolossos.booster.plugin.dp_plugin_base import DPPluginBase
-from kolossos.booster.plugin.plugin_base import Boosted, Criterion
+from kolossos.booster.plugin.plugin_base import Boosted, Criterion, config_from_arguments
 from kolossos.interface import OptimizerWrapper
 from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
+from kolossos.zero.gemini.checkpoint_io import GeminiCheckpointIO
 from kolossos.zero.gemini.gemini_config import GEMINI_PRECISIONS, GeminiConfig
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ class GeminiPlugin(DPPluginBase):
     ``optimizer.clip_grad_by_norm``), never ``torch.nn.utils.clip_grad_norm_``.
 
     Args: see :class:`~kolossos.zero.gemini.gemini_config.GeminiConfig` (Colossal-AI's names and
-        defaults, plus ``device`` from 0.3.1 and the ``device_memory_budget`` extension).
+        defaults, plus ``device`` from 0.3.1 and the ``device_memory_budget`` extension; the
+        seven loss-scale keywords form its ``loss_scale`` policy).
 
     Raises:
         ValueError, TypeError: an invalid argument (named), before any collective.
@@ -92,37 +94,7 @@ class GeminiPlugin(DPPluginBase):
         device: torch.device | str | int | None = None,
         device_memory_budget: int | None = None,
     ) -> None:
-        self.config = GeminiConfig(
-            chunk_config_dict=chunk_config_dict,
-            chunk_init_device=chunk_init_device,
-            placement_policy=placement_policy,
-            shard_param_frac=shard_param_frac,
-            offload_optim_frac=offload_optim_frac,
-            offload_param_frac=offload_param_frac,
-            warmup_non_model_data_ratio=warmup_non_model_data_ratio,
-            steady_cuda_cap_ratio=steady_cuda_cap_ratio,
-            precision=precision,
-            pin_memory=pin_memory,
-            force_outputs_fp32=force_outputs_fp32,
-            strict_ddp_mode=strict_ddp_mode,
-            search_range_m=search_range_m,
-            hidden_dim=hidden_dim,
-            min_chunk_size_m=min_chunk_size_m,
-            memstats=memstats,
-            gpu_margin_mem_ratio=gpu_margin_mem_ratio,
-            initial_scale=initial_scale,
-            min_scale=min_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            hysteresis=hysteresis,
-            max_scale=max_scale,
-            max_norm=max_norm,
-            norm_type=norm_type,
-            verbose=verbose,
-            device=device,  # type: ignore[arg-type]  # normalised to torch.device by the config
-            device_memory_budget=device_memory_budget,
-        )
+        self.config = config_from_arguments(GeminiConfig, locals())
         self.config.check_device(get_accelerator().get_current_device())
         super().__init__()
         self._optimizers: weakref.WeakKeyDictionary[nn.Module, GeminiOptimizer] = (
@@ -154,8 +126,6 @@ class GeminiPlugin(DPPluginBase):
         return wrapped, gemini, criterion, dataloader, lr_scheduler
 
     def get_checkpoint_io(self) -> CheckpointIO:
-        from kolossos.zero.gemini.checkpoint_io import GeminiCheckpointIO
-
         return GeminiCheckpointIO(self.dp_group)
 
     def no_sync(

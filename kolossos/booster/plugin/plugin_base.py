@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn as nn
@@ -13,10 +13,13 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader, Dataset
 
+from kolossos.amp import LOSS_SCALE_KEYWORDS, LossScalePolicy
 from kolossos.interface import OptimizerWrapper
 
 if TYPE_CHECKING:
     from kolossos.checkpoint_io import CheckpointIO
+
+C = TypeVar("C")
 
 Criterion = Callable[..., torch.Tensor]
 Boosted = tuple[
@@ -28,6 +31,27 @@ Boosted = tuple[
 ]
 
 
+def config_from_arguments(factory: Callable[..., C], arguments: Mapping[str, Any]) -> C:
+    """The engine config built from a plugin constructor's arguments — the one way every plugin
+    turns Colossal-AI's keywords into its engine's config object.
+
+    ``arguments`` is the constructor's ``locals()``: ``self`` is dropped, a ``**kwargs`` catch-all
+    (named ``kwargs``) is merged in, and the seven loss-scale keywords (``initial_scale`` ...
+    ``max_scale``) are grouped into one :class:`~kolossos.amp.LossScalePolicy` passed as
+    ``loss_scale``. ``factory`` is the engine's config class (or its documented mapping function,
+    e.g. FSDP1 keywords onto FSDP2).
+
+    Example:
+        >>> def __init__(self, stage=1, initial_scale=2**32, hysteresis=2):  # doctest: +SKIP
+        ...     self.config = config_from_arguments(LowLevelZeroConfig, locals())
+    """
+    given = {k: v for k, v in arguments.items() if k not in ("self", "__class__")}
+    given.update(given.pop("kwargs", None) or {})
+    if any(name in given for name in LOSS_SCALE_KEYWORDS):
+        given["loss_scale"] = LossScalePolicy.take(given)
+    return factory(**given)
+
+
 class Plugin(ABC):
     """A parallelisation recipe. The Booster asks it what it supports, then lets it wrap the
     training objects (``configure``), save and load them (``get_checkpoint_io``) and skip
@@ -35,7 +59,16 @@ class Plugin(ABC):
 
     A plugin validates its arguments when constructed (before any collective), so a bad
     configuration fails at once with a message naming the argument.
+
+    Every plugin also tells how the processes divide the data (what data loaders, the trainer
+    and metrics need): ``dp_size`` replicas of the model, this process being replica ``dp_rank``
+    (ranks that hold different shards of one replica share a ``dp_rank``).
     """
+
+    dp_size: int
+    """The number of data-parallel replicas (the processes that see different data)."""
+    dp_rank: int
+    """This process's data-parallel rank, in ``[0, dp_size)``."""
 
     @abstractmethod
     def supported_devices(self) -> list[str]:

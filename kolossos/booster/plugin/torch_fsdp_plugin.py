@@ -16,9 +16,15 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
+from kolossos.accelerator import get_accelerator
+from kolossos.amp import DynamicGradScaler
 from kolossos.booster.plugin.dp_plugin_base import DPPluginBase
-from kolossos.booster.plugin.plugin_base import Boosted, Criterion
+from kolossos.booster.plugin.plugin_base import Boosted, Criterion, config_from_arguments
 from kolossos.fsdp import TorchFSDPConfig, build_config
+from kolossos.fsdp.checkpoint_io import FSDPCheckpointIO
+from kolossos.fsdp.mesh import build_mesh, data_parallel_group
+from kolossos.fsdp.optimizer import FSDPOptimizer, rebind_params
+from kolossos.fsdp.shard import no_gradient_sync, shard_model
 from kolossos.interface import ModelWrapper, OptimizerWrapper
 
 if TYPE_CHECKING:
@@ -97,34 +103,8 @@ class TorchFSDPPlugin(DPPluginBase):
         max_scale: float = 2**32,
         **kwargs: Any,
     ) -> None:
-        scaler = {
-            "initial_scale": initial_scale,
-            "min_scale": min_scale,
-            "growth_factor": growth_factor,
-            "backoff_factor": backoff_factor,
-            "growth_interval": growth_interval,
-            "hysteresis": hysteresis,
-            "max_scale": max_scale,
-        }
-        self.config = build_config(
-            process_group,
-            sharding_strategy,
-            cpu_offload,
-            auto_wrap_policy,
-            backward_prefetch,
-            mixed_precision,
-            ignored_modules,
-            param_init_fn,
-            sync_module_states,
-            precision=precision,
-            checkpoint_format=checkpoint_format,
-            scaler=scaler,
-            extra=kwargs,
-        )
+        self.config = config_from_arguments(build_config, locals())
         super().__init__()  # checks that torch.distributed is initialised
-        from kolossos.accelerator import get_accelerator
-        from kolossos.fsdp.mesh import build_mesh, data_parallel_group
-
         accelerator = get_accelerator()
         self.device = accelerator.get_current_device()
         self.mesh = build_mesh(self.config, accelerator.name)  # collective
@@ -146,9 +126,6 @@ class TorchFSDPPlugin(DPPluginBase):
         dataloader: DataLoader[Any] | None = None,
         lr_scheduler: LRScheduler | None = None,
     ) -> Boosted:
-        from kolossos.fsdp.optimizer import FSDPOptimizer, rebind_params
-        from kolossos.fsdp.shard import shard_model
-
         if isinstance(model, ModelWrapper) or hasattr(model, "set_requires_gradient_sync"):
             raise TypeError(
                 f"{self.name} shards a plain nn.Module; got {type(model).__name__}, which is "
@@ -167,35 +144,20 @@ class TorchFSDPPlugin(DPPluginBase):
         wrapped_opt: OptimizerWrapper | None = None
         if torch_optim is not None:
             rebind_params(torch_optim, before, model)
-            wrapped_opt = FSDPOptimizer(torch_optim, self.device, self._scaler(), self.dp_group)
+            scaler = (
+                DynamicGradScaler.from_policy(self.config.loss_scale)
+                if self.config.loss_scaled
+                else None
+            )
+            wrapped_opt = FSDPOptimizer(torch_optim, self.device, scaler, self.dp_group)
         return TorchFSDPModel(model), wrapped_opt, criterion, dataloader, lr_scheduler
 
-    def _scaler(self) -> Any:
-        if not self.config.loss_scaled:
-            return None
-        from kolossos.amp import DynamicGradScaler
-
-        cfg = self.config
-        return DynamicGradScaler(
-            initial_scale=cfg.initial_scale,
-            min_scale=cfg.min_scale,
-            growth_factor=cfg.growth_factor,
-            backoff_factor=cfg.backoff_factor,
-            growth_interval=cfg.growth_interval,
-            hysteresis=cfg.hysteresis,
-            max_scale=cfg.max_scale,
-        )
-
     def get_checkpoint_io(self) -> CheckpointIO:
-        from kolossos.fsdp.checkpoint_io import FSDPCheckpointIO
-
         return FSDPCheckpointIO(self.dp_group, self.config.checkpoint_format)
 
     def no_sync(
         self, model: nn.Module, optimizer: OptimizerWrapper | None = None
     ) -> AbstractContextManager[None]:
-        from kolossos.fsdp.shard import no_gradient_sync
-
         if not isinstance(model, TorchFSDPModel):
             raise TypeError(
                 f"no_sync needs the model returned by booster.boost with {self.name}, got "

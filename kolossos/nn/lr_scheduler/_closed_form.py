@@ -7,7 +7,7 @@ import math
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-__all__ = ["ClosedFormLR", "check_steps", "cosine", "warmup"]
+__all__ = ["ClosedFormLR", "ClosedFormWarmupLR", "check_steps", "cosine", "warmup"]
 
 
 def check_steps(total_steps: int, warmup_steps: int = 0) -> None:
@@ -54,3 +54,33 @@ class ClosedFormLR(LRScheduler):
         return [self.lr_at(float(base), self.last_epoch) for base in self.base_lrs]
 
     _get_closed_form_lr = get_lr
+
+
+class ClosedFormWarmupLR(ClosedFormLR):
+    """A :class:`ClosedFormLR` that warms up linearly (:func:`warmup`) for ``warmup_steps``
+    steps, then follows :meth:`after_warmup` over the remaining ``total_steps - warmup_steps``.
+
+    Subclasses validate and set their own attributes, then call ``super().__init__``.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        total_steps: int,
+        warmup_steps: int,
+        last_epoch: int = -1,
+    ) -> None:
+        check_steps(total_steps, warmup_steps)
+        self.total_steps, self.warmup_steps = int(total_steps), int(warmup_steps)
+        super().__init__(optimizer, last_epoch)
+
+    def after_warmup(self, base_lr: float, step: int, period: int) -> float:
+        """The rate ``step`` steps after the warm-up, of ``period`` steps left in total."""
+        raise NotImplementedError
+
+    def lr_at(self, base_lr: float, step: int) -> float:
+        """See the class docstring."""
+        if step < self.warmup_steps:
+            return warmup(base_lr, step, self.warmup_steps)
+        period = self.total_steps - self.warmup_steps
+        return self.after_warmup(base_lr, step - self.warmup_steps, period)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from kolossos.nn.lr_scheduler._closed_form import ClosedFormLR, check_steps, cosine, warmup
+from kolossos.nn.lr_scheduler._closed_form import (
+    ClosedFormLR,
+    ClosedFormWarmupLR,
+    check_steps,
+    cosine,
+)
 
 __all__ = [
     "CosineAnnealingLR",
@@ -51,7 +56,7 @@ class CosineAnnealingLR(ClosedFormLR):
         return cosine(base_lr, self.eta_min, step, self.total_steps)
 
 
-class CosineAnnealingWarmupLR(ClosedFormLR):
+class CosineAnnealingWarmupLR(ClosedFormWarmupLR):
     """Linear warm-up (``base * (t + 1) / warmup_steps``), then cosine annealing from the base rate
     to ``eta_min`` over the remaining ``total_steps - warmup_steps`` steps.
 
@@ -76,17 +81,12 @@ class CosineAnnealingWarmupLR(ClosedFormLR):
         eta_min: float = 0.0,
         last_epoch: int = -1,
     ) -> None:
-        check_steps(total_steps, warmup_steps)
-        self.total_steps, self.warmup_steps = int(total_steps), int(warmup_steps)
         self.eta_min = float(eta_min)
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, total_steps, warmup_steps, last_epoch)
 
-    def lr_at(self, base_lr: float, step: int) -> float:
+    def after_warmup(self, base_lr: float, step: int, period: int) -> float:
         """See the class docstring."""
-        if step < self.warmup_steps:
-            return warmup(base_lr, step, self.warmup_steps)
-        period = self.total_steps - self.warmup_steps
-        return cosine(base_lr, self.eta_min, step - self.warmup_steps, period)
+        return cosine(base_lr, self.eta_min, step, period)
 
 
 class FlatAnnealingLR(ClosedFormLR):
@@ -124,7 +124,7 @@ class FlatAnnealingLR(ClosedFormLR):
         return cosine(base_lr, 0.0, step - self.flat_steps, self.total_steps - self.flat_steps)
 
 
-class FlatAnnealingWarmupLR(ClosedFormLR):
+class FlatAnnealingWarmupLR(ClosedFormWarmupLR):
     """Linear warm-up, a flat phase of ``int((total_steps - warmup_steps) * pct_start)`` steps,
     then cosine annealing to ``eta_min`` at ``total_steps``.
 
@@ -151,18 +151,13 @@ class FlatAnnealingWarmupLR(ClosedFormLR):
         eta_min: float = 0,
         last_epoch: int = -1,
     ) -> None:
-        check_steps(total_steps, warmup_steps)
         _check_pct(pct_start)
-        self.total_steps, self.warmup_steps = int(total_steps), int(warmup_steps)
         self.flat_steps = max(0, int((total_steps - warmup_steps) * pct_start))
         self.eta_min = float(eta_min)
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, total_steps, warmup_steps, last_epoch)
 
-    def lr_at(self, base_lr: float, step: int) -> float:
+    def after_warmup(self, base_lr: float, step: int, period: int) -> float:
         """See the class docstring."""
-        if step < self.warmup_steps:
-            return warmup(base_lr, step, self.warmup_steps)
-        start = self.warmup_steps + self.flat_steps
-        if step < start:
+        if step < self.flat_steps:
             return base_lr
-        return cosine(base_lr, self.eta_min, step - start, self.total_steps - start)
+        return cosine(base_lr, self.eta_min, step - self.flat_steps, period - self.flat_steps)

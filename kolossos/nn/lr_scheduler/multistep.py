@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kolossos.nn.lr_scheduler._closed_form import ClosedFormLR, check_steps, warmup
+from kolossos.nn.lr_scheduler._closed_form import ClosedFormLR, ClosedFormWarmupLR, check_steps
 
 __all__ = ["MultiStepLR", "MultiStepWarmupLR"]
 
@@ -56,7 +56,7 @@ class MultiStepLR(ClosedFormLR):
         return base_lr * self.gamma ** bisect_right(self.milestones, step)
 
 
-class MultiStepWarmupLR(ClosedFormLR):
+class MultiStepWarmupLR(ClosedFormWarmupLR):
     """Linear warm-up (``base * (t + 1) / warmup_steps``), then ``base * gamma ** k`` with ``k``
     the number of milestones ``m`` with ``warmup_steps <= m <= t`` (milestones inside the
     warm-up are dropped, as in Colossal-AI).
@@ -84,14 +84,10 @@ class MultiStepWarmupLR(ClosedFormLR):
         gamma: float = 0.1,
         last_epoch: int = -1,
     ) -> None:
-        check_steps(total_steps, warmup_steps)
-        self.total_steps, self.warmup_steps = int(total_steps), int(warmup_steps)
         self.milestones = [m for m in _milestones(milestones) if m >= warmup_steps]
         self.gamma = float(gamma)
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, total_steps, warmup_steps, last_epoch)
 
-    def lr_at(self, base_lr: float, step: int) -> float:
-        """See the class docstring."""
-        if step < self.warmup_steps:
-            return warmup(base_lr, step, self.warmup_steps)
-        return base_lr * self.gamma ** bisect_right(self.milestones, step)
+    def after_warmup(self, base_lr: float, step: int, period: int) -> float:
+        """See the class docstring (milestones count from the start, warm-up included)."""
+        return base_lr * self.gamma ** bisect_right(self.milestones, self.warmup_steps + step)

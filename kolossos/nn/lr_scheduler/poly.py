@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kolossos.nn.lr_scheduler._closed_form import ClosedFormLR, check_steps, warmup
+from kolossos.nn.lr_scheduler._closed_form import ClosedFormLR, ClosedFormWarmupLR, check_steps
 
 __all__ = ["PolynomialLR", "PolynomialWarmupLR"]
 
@@ -58,7 +58,7 @@ class PolynomialLR(ClosedFormLR):
         return _poly(base_lr, self.end_lr, self.power, step, self.total_steps)
 
 
-class PolynomialWarmupLR(ClosedFormLR):
+class PolynomialWarmupLR(ClosedFormWarmupLR):
     """Linear warm-up (``base * (t + 1) / warmup_steps``), then :class:`PolynomialLR` over the
     remaining ``total_steps - warmup_steps`` steps.
 
@@ -85,15 +85,10 @@ class PolynomialWarmupLR(ClosedFormLR):
         power: float = 1.0,
         last_epoch: int = -1,
     ) -> None:
-        check_steps(total_steps, warmup_steps)
         _check(end_lr, power)
-        self.total_steps, self.warmup_steps = int(total_steps), int(warmup_steps)
         self.end_lr, self.power = float(end_lr), float(power)
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, total_steps, warmup_steps, last_epoch)
 
-    def lr_at(self, base_lr: float, step: int) -> float:
+    def after_warmup(self, base_lr: float, step: int, period: int) -> float:
         """See the class docstring."""
-        if step < self.warmup_steps:
-            return warmup(base_lr, step, self.warmup_steps)
-        period = self.total_steps - self.warmup_steps
-        return _poly(base_lr, self.end_lr, self.power, step - self.warmup_steps, period)
+        return _poly(base_lr, self.end_lr, self.power, step, period)

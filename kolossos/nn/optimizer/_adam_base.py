@@ -12,7 +12,12 @@ import torch
 from torch import Tensor
 
 from kolossos.nn.optimizer._adam_kernels import AdamHyper, adam_update
-from kolossos.nn.optimizer._common import load_groups_then_states, to_state_tensor, widened
+from kolossos.nn.optimizer._common import (
+    closure_loss,
+    load_groups_then_states,
+    to_state_tensor,
+    widened,
+)
 
 __all__ = ["AdamBase", "check_hyper"]
 
@@ -64,6 +69,17 @@ class AdamBase(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.adamw_mode = adamw_mode
 
+    def is_streamed(self, p: Tensor) -> bool:
+        """Whether ``p``'s states are streamed from NVMe instead of living in ``self.state``."""
+        return self._is_streamed(p)
+
+    def streamed_state(self, p: Tensor) -> dict[str, Tensor]:
+        """``p``'s NVMe-streamed states, read back (empty when ``p`` is not streamed)."""
+        if not self._is_streamed(p):
+            return {}
+        self._settle()
+        return self._export_streamed(p)
+
     # subclass hooks
     def _is_streamed(self, p: Tensor) -> bool:
         """Whether ``p``'s states live outside ``self.state`` (NVMe offload)."""
@@ -104,10 +120,7 @@ class AdamBase(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Perform one optimization step; returns ``closure()``'s loss if a closure is given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._settle()
         streamed_work: dict[int, tuple[list[Tensor], list[Tensor], AdamHyper]] = {}
         for index, group in enumerate(self.param_groups):

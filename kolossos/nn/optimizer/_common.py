@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["load_groups_then_states", "to_state_tensor", "widened"]
+__all__ = [
+    "PerParameterOptimizer",
+    "closure_loss",
+    "load_groups_then_states",
+    "to_state_tensor",
+    "widened",
+]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -50,3 +56,34 @@ def to_state_tensor(value: Any, p: Tensor, dtype: torch.dtype, name: str) -> Ten
             "the state dict belongs to a different model"
         )
     return t.clone().reshape(p.shape)
+
+
+def closure_loss(closure: Callable[[], Any] | None) -> Any:
+    """``closure()`` evaluated with gradients enabled (``step()`` runs under ``no_grad``), or
+    ``None`` without a closure."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+class PerParameterOptimizer(torch.optim.Optimizer):
+    """An optimizer that updates each parameter with a gradient on its own (Lamb, Lars):
+    subclasses define :meth:`_update`."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Perform one optimization step; returns ``closure()``'s loss if a closure is given."""
+        loss = closure_loss(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                self._update(p, group)
+        return loss
+
+    def _update(self, p: Tensor, group: dict[str, Any]) -> None:
+        """Update ``p`` (whose ``grad`` is set and dense) with ``group``'s hyper-parameters."""
+        raise NotImplementedError

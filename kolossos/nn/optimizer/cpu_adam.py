@@ -9,6 +9,8 @@ from torch import Tensor
 
 from kolossos.nn.optimizer._adam_base import AdamBase, ParamsT
 from kolossos.nn.optimizer._adam_kernels import AdamHyper, adam_update
+from kolossos.nn.optimizer.nvme import offloader
+from kolossos.nn.optimizer.nvme.plan import select_offloaded
 
 if TYPE_CHECKING:
     from kolossos.nn.optimizer.nvme.offloader import UpdateFn
@@ -98,9 +100,6 @@ class CPUAdam(AdamBase):
             self._offloader = self._make_offloader()
 
     def _make_offloader(self) -> Any:
-        from kolossos.nn.optimizer.nvme import offloader
-        from kolossos.nn.optimizer.nvme.plan import select_offloaded
-
         params = [(i, p) for i, g in enumerate(self.param_groups) for p in g["params"]]
         eligible = [(p.numel(), p.device.type == "cpu" and p.is_contiguous()) for _, p in params]
         chosen = select_offloaded(eligible, self.nvme_offload_fraction)

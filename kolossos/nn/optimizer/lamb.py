@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from kolossos.nn.optimizer._adam_base import ParamsT, check_hyper
-from kolossos.nn.optimizer._common import load_groups_then_states, to_state_tensor, widened
+from kolossos.nn.optimizer._common import (
+    PerParameterOptimizer,
+    load_groups_then_states,
+    to_state_tensor,
+    widened,
+)
 
 __all__ = ["Lamb"]
 
@@ -17,7 +21,7 @@ __all__ = ["Lamb"]
 MAX_WEIGHT_NORM = 10.0
 
 
-class Lamb(torch.optim.Optimizer):
+class Lamb(PerParameterOptimizer):
     r"""LAMB, Algorithm 2 of "Large Batch Optimization for Deep Learning: Training BERT in 76
     minutes" (You et al., ICLR 2020, arXiv:1904.00962).
 
@@ -70,22 +74,6 @@ class Lamb(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         self.adam = adam
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Perform one optimization step; returns ``closure()``'s loss if a closure is given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Lamb does not support sparse gradients")
-                self._update(p, group)
-        return loss
 
     def _update(self, p: Tensor, group: dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]

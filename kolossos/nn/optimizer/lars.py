@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from kolossos.nn.optimizer._adam_base import ParamsT
-from kolossos.nn.optimizer._common import load_groups_then_states, to_state_tensor, widened
+from kolossos.nn.optimizer._common import (
+    PerParameterOptimizer,
+    load_groups_then_states,
+    to_state_tensor,
+    widened,
+)
 
 __all__ = ["Lars"]
 
 
-class Lars(torch.optim.Optimizer):
+class Lars(PerParameterOptimizer):
     r"""LARS, Algorithm 1 of "Large Batch Training of Convolutional Networks" (arXiv:1708.03888).
 
     Per parameter ``w`` with gradient ``g``:
@@ -66,22 +70,6 @@ class Lars(torch.optim.Optimizer):
             lr=lr, momentum=momentum, eeta=eeta, weight_decay=weight_decay, epsilon=epsilon
         )
         super().__init__(params, defaults)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Perform one optimization step; returns ``closure()``'s loss if a closure is given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Lars does not support sparse gradients")
-                self._update(p, group)
-        return loss
 
     def _update(self, p: Tensor, group: dict[str, Any]) -> None:
         assert p.grad is not None

@@ -1,12 +1,29 @@
-"""Pipeline schedules: tables of actions per rank (pure functions) run by one executor."""
+"""Pipeline schedules: tables of actions per rank (pure functions) run by one executor.
 
-from kolossos.pipeline.schedule.base import PipelineSchedule, ScheduleConfig
+Every schedule is registered once in :mod:`kolossos.pipeline.schedule.registry`
+(:class:`ScheduleSpec`); :func:`build_table`, :func:`create_schedule` and the simulator read that
+registration.
+"""
+
+from kolossos.pipeline.schedule.base import PipelineSchedule, ScheduleConfig, schedule_class
 from kolossos.pipeline.schedule.executor import ScheduleExecutor, StepStats
 from kolossos.pipeline.schedule.interleaved import InterleavedSchedule
 from kolossos.pipeline.schedule.one_f_one_b import GPipeSchedule, OneForwardOneBackwardSchedule
-from kolossos.pipeline.schedule.registry import SCHEDULES, build_table
+from kolossos.pipeline.schedule.registry import (
+    SCHEDULES,
+    ScheduleSpec,
+    build_table,
+    check_num_chunks,
+    register_schedule,
+    schedule_names,
+    schedule_spec,
+    unregister_schedule,
+)
 from kolossos.pipeline.schedule.table import Action, ActionKind, ScheduleTable, validate_table
-from kolossos.pipeline.schedule.zero_bubble import ZeroBubbleH1Schedule, ZeroBubbleVSchedule
+from kolossos.pipeline.schedule.zero_bubble_schedules import (
+    ZeroBubbleH1Schedule,
+    ZeroBubbleVSchedule,
+)
 
 __all__ = [
     "SCHEDULES",
@@ -18,33 +35,38 @@ __all__ = [
     "PipelineSchedule",
     "ScheduleConfig",
     "ScheduleExecutor",
+    "ScheduleSpec",
     "ScheduleTable",
     "StepStats",
     "ZeroBubbleH1Schedule",
     "ZeroBubbleVSchedule",
     "build_table",
+    "check_num_chunks",
     "create_schedule",
+    "register_schedule",
+    "schedule_names",
+    "schedule_spec",
+    "unregister_schedule",
     "validate_table",
 ]
 
-_CLASSES: dict[str, type[PipelineSchedule]] = {
-    cls.name: cls
-    for cls in (
-        GPipeSchedule,
-        OneForwardOneBackwardSchedule,
-        InterleavedSchedule,
-        ZeroBubbleH1Schedule,
-        ZeroBubbleVSchedule,
-    )
-}
-
 
 def create_schedule(name: str, stage_manager: object, **kwargs: object) -> PipelineSchedule:
-    """The schedule called ``name`` (``gpipe``, ``1f1b``, ``interleaved``, ``zbh1``, ``zbv``).
+    """A runner for registered schedule ``name`` (see :func:`schedule_names`).
+
+    The schedule's own class when it has one (``gpipe``: :class:`GPipeSchedule`, ``1f1b``,
+    ``interleaved``, ``zbh1``, ``zbv``: :class:`ZeroBubbleVSchedule`, which also takes ``costs``),
+    otherwise :class:`PipelineSchedule` running that registration.
+
+    Args:
+        name: a registered schedule.
+        stage_manager: this rank's :class:`~kolossos.pipeline.PipelineStageManager`.
+        **kwargs: the class's other arguments (``num_microbatches``, ``microbatch_size``, ...).
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name, or arguments the schedule rejects.
     """
-    if name not in _CLASSES:
-        raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {sorted(_CLASSES)}.")
-    return _CLASSES[name](stage_manager, **kwargs)  # type: ignore[arg-type]
+    cls = schedule_class(name)
+    if cls is PipelineSchedule:
+        kwargs["schedule"] = name
+    return cls(stage_manager, **kwargs)  # type: ignore[arg-type]

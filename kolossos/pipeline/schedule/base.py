@@ -1,22 +1,32 @@
 """``PipelineSchedule``: the runner a plugin calls once per training step.
 
-A schedule is a table builder (a pure function, see :mod:`~kolossos.pipeline.schedule.tables`
-and :mod:`~kolossos.pipeline.schedule.zero_bubble`) plus the shared executor. Subclasses only
-name their table and the chunk layout they need.
+A schedule is a registered :class:`~kolossos.pipeline.schedule.registry.ScheduleSpec` (its table
+builder, a pure function, plus its chunk rules and layout) run by the shared executor. This class
+runs any registered schedule by name; the named subclasses (``GPipeSchedule``, ...) only set
+``name`` (and add options such as ZB-V's ``costs``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn as nn
 
+from kolossos.interface.optimizer import OptimizerWrapper
 from kolossos.pipeline.p2p import PipelineP2P
 from kolossos.pipeline.schedule.executor import ScheduleExecutor, StepStats
 from kolossos.pipeline.schedule.microbatch import merge_outputs, split_batch
+from kolossos.pipeline.schedule.registry import (
+    ScheduleSpec,
+    check_num_chunks,
+    schedule_names,
+    schedule_spec,
+)
+from kolossos.pipeline.schedule.registry import build_table as registered_table
+from kolossos.pipeline.schedule.simulation import simulate
 from kolossos.pipeline.schedule.table import ScheduleTable, validate_table
 from kolossos.pipeline.shared import stash_shared_gradients, sync_shared_gradients
 from kolossos.pipeline.stage_manager import PipelineStageManager
@@ -53,8 +63,18 @@ class ScheduleConfig:
             raise ValueError(f"tensor_shape={self.tensor_shape} must have positive sizes.")
 
 
+_RUNNERS: dict[str, type[PipelineSchedule]] = {}
+"""schedule name -> the first subclass of :class:`PipelineSchedule` that declares it"""
+
+
 class PipelineSchedule:
     """Runs forward and backward of all micro-batches of a step over the pipeline.
+
+    The table, the chunk layout and whether the backward is split come from the registered
+    schedule (:mod:`~kolossos.pipeline.schedule.registry`): the class's ``name``, or ``schedule``
+    for this class itself. A subclass that declares ``name`` is what
+    :func:`~kolossos.pipeline.schedule.create_schedule` builds for that schedule (the first one
+    defined); a subclass without a name overrides :meth:`build_table` and sets ``layout``.
 
     Args:
         stage_manager: this rank's place in the pipeline (its chunk count and layout must suit
@@ -64,12 +84,26 @@ class PipelineSchedule:
         tensor_shape: fixed inter-stage activation shape (no shape exchange).
         tensor_dtype: dtype of those activations.
         enable_metadata_cache: exchange shapes once per stream.
+        schedule: the registered schedule to run (default: the class's ``name``); for
+            ``PipelineSchedule`` itself, e.g. ``PipelineSchedule(manager, 8, schedule="1f1b")``.
+
+    Raises:
+        ValueError: an invalid configuration, an unknown schedule, a ``schedule`` other than the
+            class's own, or a stage manager whose chunk count or layout the schedule cannot run.
     """
 
-    name: ClassVar[str] = ""
-    layout: ClassVar[str] = "loop"
-    split_backward: ClassVar[bool] = False
-    """whether the tables split the backward into ``B`` and ``W``"""
+    name: str = ""
+    """the registered schedule this class runs (``""``: none, ``build_table`` is overridden)"""
+    layout: str = "loop"
+    """the chunk layout the stage manager must use (from the registration when there is one)"""
+    split_backward: bool = False
+    """whether the tables split the backward into ``B`` and ``W`` (from the registration)"""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if isinstance(name, str) and name:
+            _RUNNERS.setdefault(name, cls)
 
     def __init__(
         self,
@@ -80,6 +114,7 @@ class PipelineSchedule:
         tensor_shape: Sequence[int] | None = None,
         tensor_dtype: torch.dtype = torch.float32,
         enable_metadata_cache: bool = True,
+        schedule: str | None = None,
     ) -> None:
         self.config = ScheduleConfig(
             num_microbatches=num_microbatches,
@@ -88,6 +123,19 @@ class PipelineSchedule:
             tensor_dtype=tensor_dtype,
             enable_metadata_cache=enable_metadata_cache,
         )
+        own = type(self).name
+        if schedule is not None and own and schedule != own:
+            raise ValueError(
+                f"{type(self).__name__} runs schedule {own!r}, got schedule={schedule!r}; use "
+                f"create_schedule({schedule!r}, ...) or PipelineSchedule(..., schedule=...)."
+            )
+        name = schedule if schedule is not None else own
+        self.spec: ScheduleSpec | None = schedule_spec(name) if name else None
+        """the registration this runner follows (``None``: a subclass with its own table)"""
+        if self.spec is not None:
+            self.name = self.spec.name
+            self.layout = self.spec.layout
+            self.split_backward = self.spec.split_backward
         self.stage_manager = stage_manager
         self._check_manager()
         self._p2p: PipelineP2P | None = None
@@ -107,10 +155,23 @@ class PipelineSchedule:
                 f"{type(self).__name__} places chunks in the {self.layout!r} layout but the stage "
                 f"manager uses {sm.layout!r}; create it with layout={self.layout!r}."
             )
+        if self.spec is not None:
+            check_num_chunks(self.spec.name, sm.num_model_chunks, arg="num_model_chunks")
 
     def build_table(self, num_microbatches: int) -> ScheduleTable:
-        """The schedule's table for ``num_microbatches`` (pure; subclasses implement it)."""
-        raise NotImplementedError
+        """The schedule's table for ``num_microbatches`` (pure): the registered builder's, for
+        this stage manager's size and chunk count.
+
+        Raises:
+            NotImplementedError: no registered schedule and no override.
+        """
+        if self.spec is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} names no registered schedule; pass schedule=<one of "
+                f"{list(schedule_names())}> or override build_table."
+            )
+        sm = self.stage_manager
+        return registered_table(self.spec.name, sm.pp_size, num_microbatches, sm.num_model_chunks)
 
     def table(self, num_microbatches: int) -> ScheduleTable:
         """The validated table (cached per micro-batch count)."""
@@ -150,16 +211,17 @@ class PipelineSchedule:
         scaling, gradient partitioning) would be bypassed."""
         if optimizer is None or not self.split_backward:
             return
-        from kolossos.interface.optimizer import OptimizerWrapper
-
-        for name in ("backward", "backward_by_grad"):
-            impl = getattr(type(optimizer), name, None)
-            if impl is not None and impl is not getattr(OptimizerWrapper, name):
-                raise NotImplementedError(
-                    f"{type(self).__name__} splits the backward and cannot route it through "
-                    f"{type(optimizer).__name__}.{name}; use the 1f1b or interleaved schedule "
-                    "with this optimizer, or pass optimizer=None."
-                )
+        kind = type(optimizer)
+        plain = isinstance(optimizer, OptimizerWrapper) and (
+            kind.backward is OptimizerWrapper.backward
+            and kind.backward_by_grad is OptimizerWrapper.backward_by_grad
+        )
+        if not plain:
+            raise NotImplementedError(
+                f"{type(self).__name__} splits the backward and cannot route it through "
+                f"{kind.__name__}.backward; use the 1f1b or interleaved schedule with this "
+                "optimizer, or pass optimizer=None."
+            )
 
     def forward_backward_step(
         self,
@@ -217,6 +279,15 @@ class PipelineSchedule:
     def bubble_bound(self, num_microbatches: int) -> float:
         """The modelled bubble fraction of this schedule's table (``F=1, B=2``, or
         ``F=B=W=1`` when split; free communication)."""
-        from kolossos.pipeline.simulate import simulate
-
         return simulate(self.table(num_microbatches)).bubble_fraction
+
+
+def schedule_class(name: str) -> type[PipelineSchedule]:
+    """The class that runs registered schedule ``name``: the first subclass declaring that
+    ``name``, else :class:`PipelineSchedule` itself (built with ``schedule=name``).
+
+    Raises:
+        ValueError: ``name`` is not registered.
+    """
+    schedule_spec(name)
+    return _RUNNERS.get(name, PipelineSchedule)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from kolossos.pipeline.schedule.base import PipelineSchedule
-from kolossos.pipeline.schedule.table import ScheduleTable
-from kolossos.pipeline.schedule.tables import interleaved_table
 
 
 class InterleavedSchedule(PipelineSchedule):
@@ -19,9 +17,3 @@ class InterleavedSchedule(PipelineSchedule):
     """
 
     name = "interleaved"
-
-    def build_table(self, num_microbatches: int) -> ScheduleTable:
-        """The interleaved table (validates the micro-batch count)."""
-        return interleaved_table(
-            self.stage_manager.pp_size, num_microbatches, self.stage_manager.num_model_chunks
-        )

@@ -1,7 +1,9 @@
-"""Closed-form schedule tables: GPipe, non-interleaved 1F1B and interleaved 1F1B.
+"""Closed-form schedule tables: GPipe, non-interleaved 1F1B and interleaved 1F1B, and their
+textbook bubble fractions.
 
 Pure functions of the pipeline size, the micro-batch count and the chunk count; the zero-bubble
-tables come from the list scheduler in :mod:`kolossos.pipeline.schedule.zero_bubble`.
+tables come from the list scheduler in :mod:`kolossos.pipeline.schedule.zero_bubble`. Each is
+registered in :mod:`kolossos.pipeline.schedule.registry`.
 """
 
 from __future__ import annotations
@@ -115,3 +117,16 @@ def interleaved_table(pp_size: int, num_microbatches: int, num_chunks: int) -> S
         split_backward=False,
         ranks=tuple(rank_actions),
     )
+
+
+def gpipe_bubble(pp_size: int, num_microbatches: int, num_chunks: int = 1) -> float:
+    """GPipe's (and 1F1B's: it reorders, not shortens) bubble fraction ``(p-1)/(m+p-1)`` with
+    ``F = 1, B = 2`` and free communication; ``num_chunks`` is ignored."""
+    p, m = pp_size, num_microbatches
+    return (p - 1) / (m + p - 1)
+
+
+def interleaved_bubble(pp_size: int, num_microbatches: int, num_chunks: int) -> float:
+    """Interleaved 1F1B's bubble fraction with ``v`` chunks per rank: ``(p-1)/(v m+p-1)``."""
+    p, m, v = pp_size, num_microbatches, num_chunks
+    return (p - 1) / (v * m + p - 1)

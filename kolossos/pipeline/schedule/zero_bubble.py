@@ -15,21 +15,21 @@ optimizer step), with the ``W`` parts moved into the pipeline's idle slots.
   micro-batches, 1F1B's rank-0 peak), then a ``W`` (it unblocks nobody, so it fills gaps). With
   equal costs the only idle time left is the ``r`` units rank ``r`` waits for its first input:
   the makespan is the lower bound ``6m + p - 1``.
+
+Pure functions, registered in :mod:`kolossos.pipeline.schedule.registry`; the runners are in
+:mod:`kolossos.pipeline.schedule.zero_bubble_schedules`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from kolossos.pipeline.schedule.base import PipelineSchedule
 from kolossos.pipeline.schedule.table import (
     Action,
     ActionKind,
     ScheduleTable,
     dependencies,
 )
-from kolossos.pipeline.stage_manager import PipelineStageManager
 
 F, B, W = ActionKind.F, ActionKind.B, ActionKind.W
 Key = Callable[[Action, int], tuple[float, ...]]
@@ -180,56 +180,15 @@ def zbv_table(
                          memory_limit=[2 * pp_size] * pp_size, costs=costs)  # fmt: skip
 
 
-class ZeroBubbleH1Schedule(PipelineSchedule):
-    """ZB-H1 (one chunk per rank): 1F1B with the weight-gradient halves of the backwards moved
-    into the cool-down bubble; same peak activation memory as 1F1B's rank 0."""
-
-    name = "zbh1"
-    split_backward = True
-
-    def _check_manager(self) -> None:
-        super()._check_manager()
-        if self.stage_manager.num_model_chunks != 1:
-            raise ValueError(
-                f"ZeroBubbleH1Schedule runs one model chunk per rank, the stage manager has "
-                f"{self.stage_manager.num_model_chunks}; use ZeroBubbleVSchedule for two."
-            )
-
-    def build_table(self, num_microbatches: int) -> ScheduleTable:
-        """The ZB-H1 table."""
-        return zbh1_table(self.stage_manager.pp_size, num_microbatches)
+def zbh1_bubble(pp_size: int, num_microbatches: int, num_chunks: int = 1) -> float | None:
+    """ZB-H1's bubble fraction with ``F = B = W = 1``: the deferred ``W`` parts fill two thirds
+    of 1F1B's bubble, ``(p-1)/(3m+p-1)``; ``None`` for ``m < p`` (the bubble is larger)."""
+    p, m = pp_size, num_microbatches
+    return (p - 1) / (3 * m + p - 1) if m >= p else None
 
 
-class ZeroBubbleVSchedule(PipelineSchedule):
-    """ZB-V (``zbv``): two chunks per rank in the ``v`` layout (rank 0 holds the first and the
-    last stage), split backwards, near-zero bubble when forward, input-gradient and
-    weight-gradient costs are similar. The stage manager needs ``num_model_chunks=2,
-    layout="v"``."""
-
-    name = "zbv"
-    layout = "v"
-    split_backward = True
-
-    def __init__(
-        self,
-        stage_manager: PipelineStageManager,
-        num_microbatches: int | None = None,
-        microbatch_size: int | None = None,
-        *,
-        costs: tuple[float, float, float] = (1.0, 1.0, 1.0),
-        **kwargs: Any,
-    ) -> None:
-        """Args as :class:`PipelineSchedule`, plus ``costs``: the relative durations of ``F``,
-        ``B`` (input gradient) and ``W`` the table is planned for (e.g. measured by the executor:
-        ``last_stats.timeline``); the same on every rank.
-
-        Raises:
-            ValueError: costs that are not three positive numbers.
-        """
-        zbv_table(1, 1, costs)  # validate before any communication
-        self.costs = costs
-        super().__init__(stage_manager, num_microbatches, microbatch_size, **kwargs)
-
-    def build_table(self, num_microbatches: int) -> ScheduleTable:
-        """The ZB-V table for ``costs``."""
-        return zbv_table(self.stage_manager.pp_size, num_microbatches, self.costs)
+def zbv_bubble(pp_size: int, num_microbatches: int, num_chunks: int = 2) -> float | None:
+    """ZB-V's bubble fraction with ``F = B = W = 1``: only the start-up wait of ``r`` units on
+    rank ``r`` is left, ``(p-1)/(6m+p-1)``; ``None`` for ``m < p`` (the bubble is larger)."""
+    p, m = pp_size, num_microbatches
+    return (p - 1) / (6 * m + p - 1) if m >= p else None

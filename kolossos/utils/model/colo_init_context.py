@@ -24,13 +24,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from kolossos.accelerator import get_accelerator
+
 __all__ = ["ColoInitContext", "post_process_colo_init_ctx"]
 
 
 def _resolve(device: torch.device | str | int | None) -> torch.device:
     if device is None:
-        from kolossos.accelerator import get_accelerator
-
         return get_accelerator().get_current_device()
     if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
         raise TypeError(f"device={device!r} must be None, a torch.device, a str or an int.")

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from kolossos.accelerator import TensorMemoryTracker, get_accelerator
+
 __all__ = ["MODEL_STATE_CATEGORIES", "MemoryMeter", "RankMemory", "gather_from_ranks"]
 
 #: tracker categories that make up the model states
@@ -69,8 +71,6 @@ class MemoryMeter:
     """
 
     def __init__(self, device: torch.device | str | None = None) -> None:
-        from kolossos.accelerator import TensorMemoryTracker, get_accelerator
-
         self._accelerator = get_accelerator()
         self._device = torch.device(device or self._accelerator.get_current_device())
         self._tracker = TensorMemoryTracker(self._device)

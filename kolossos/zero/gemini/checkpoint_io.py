@@ -24,8 +24,9 @@ import torch
 import torch.nn as nn
 
 from kolossos.checkpoint_io import CheckpointIO
+from kolossos.checkpoint_io._common import boosted
 from kolossos.checkpoint_io.errors import CheckpointError
-from kolossos.checkpoint_io.optim_format import to_torch_state_dict
+from kolossos.checkpoint_io.optim_format import load_group_hyperparameters
 from kolossos.checkpoint_io.param_names import unwrap_optimizer
 from kolossos.checkpoint_io.state_check import ModelLayout
 from kolossos.zero.gemini.gemini_ddp import GeminiDDP
@@ -35,21 +36,11 @@ __all__ = ["GeminiCheckpointIO"]
 
 
 def _ddp(model: nn.Module) -> GeminiDDP:
-    if not isinstance(model, GeminiDDP):
-        raise TypeError(
-            "GeminiCheckpointIO saves and loads the model returned by booster.boost with "
-            f"GeminiPlugin (a GeminiDDP), got {type(model).__name__}."
-        )
-    return model
+    return boosted(model, GeminiDDP, "GeminiCheckpointIO", "GeminiPlugin", "model")
 
 
 def _gemini(optimizer: Any) -> GeminiOptimizer:
-    if not isinstance(optimizer, GeminiOptimizer):
-        raise TypeError(
-            "GeminiCheckpointIO saves and loads the optimizer returned by booster.boost with "
-            f"GeminiPlugin (a GeminiOptimizer), got {type(optimizer).__name__}."
-        )
-    return optimizer
+    return boosted(optimizer, GeminiOptimizer, "GeminiCheckpointIO", "GeminiPlugin", "optimizer")
 
 
 class GeminiCheckpointIO(CheckpointIO):
@@ -123,7 +114,5 @@ class GeminiCheckpointIO(CheckpointIO):
         """Hyper-parameters per group (from the saved group holding its parameters), then each
         parameter's full states, of which every rank keeps its slice, as they stream in."""
         opt = _gemini(optimizer)
-        hyper = to_torch_state_dict(names, header, iter(()), mapping)["param_groups"]
-        for group, saved in zip(unwrap_optimizer(opt).param_groups, hyper, strict=True):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+        load_group_hyperparameters(unwrap_optimizer(opt), names, header, mapping)
         opt.load_full_states((mapping[name], state) for name, state in states if name in mapping)

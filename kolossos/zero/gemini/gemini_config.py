@@ -11,12 +11,13 @@ ignored, so a configuration always means what it says.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
-from kolossos.amp import DynamicGradScaler
+from kolossos.amp import LossScalePolicy
+from kolossos.utils.checks import check_flags
 from kolossos.zero.gemini.placement.budget import check_fraction
 from kolossos.zero.gemini.placement.config import POLICY_ALIASES, POLICY_NAMES, PlacementConfig
 from kolossos.zero.low_level.options import check_norm_type
@@ -31,18 +32,7 @@ PLACEMENT_POLICIES = (*POLICY_NAMES, *POLICY_ALIASES)
 
 _SEARCH = {"search_range_m": 32, "hidden_dim": None, "min_chunk_size_m": 32}
 _MB_ALIASES = (("search_range_mb", "search_range_m"), ("min_chunk_size_mb", "min_chunk_size_m"))
-_OPTIMIZER_FIELDS = (
-    "gpu_margin_mem_ratio",
-    "initial_scale",
-    "min_scale",
-    "growth_factor",
-    "backoff_factor",
-    "growth_interval",
-    "hysteresis",
-    "max_scale",
-    "max_norm",
-    "norm_type",
-)
+_OPTIMIZER_FIELDS = ("gpu_margin_mem_ratio", "loss_scale", "max_norm", "norm_type")
 
 
 def _number(name: str, value: object) -> float:
@@ -114,20 +104,8 @@ class GeminiConfig:
     gpu_margin_mem_ratio: float = 0.0
     """auto/const: share of the spare device memory (measured in warm-up) that optimizer states
     of host-resident chunks may move into, so those chunks step on the device."""
-    initial_scale: float = 2**16
-    """fp16 loss scale to start with."""
-    min_scale: float = 1
-    """Floor of the fp16 loss scale."""
-    growth_factor: float = 2
-    """Factor the loss scale grows by after ``growth_interval`` good steps."""
-    backoff_factor: float = 0.5
-    """Factor the loss scale shrinks by on overflow."""
-    growth_interval: int = 1000
-    """Good steps between two growths of the loss scale."""
-    hysteresis: int = 2
-    """Overflows tolerated before the loss scale backs off."""
-    max_scale: float = 2**32
-    """Cap of the fp16 loss scale."""
+    loss_scale: LossScalePolicy = field(default_factory=LossScalePolicy)
+    """The fp16 loss-scale policy (Colossal-AI's seven keywords, ``initial_scale=2**16`` ...)."""
     max_norm: float = 0.0
     """Clip gradients to this global norm at every step (0: no clipping)."""
     norm_type: float = 2.0
@@ -153,18 +131,9 @@ class GeminiConfig:
                 f"precision={self.precision!r} must be one of {sorted(GEMINI_PRECISIONS)}; "
                 "GeminiPlugin controls precision, so do not pass Booster(mixed_precision=)."
             )
-        for name in ("pin_memory", "force_outputs_fp32", "strict_ddp_mode", "verbose"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False.")
-        DynamicGradScaler(  # validates the loss-scale arguments with its own messages
-            initial_scale=self.initial_scale,
-            min_scale=self.min_scale,
-            growth_factor=self.growth_factor,
-            backoff_factor=self.backoff_factor,
-            growth_interval=self.growth_interval,
-            hysteresis=self.hysteresis,
-            max_scale=self.max_scale,
-        )
+        check_flags(self, ("pin_memory", "force_outputs_fp32", "strict_ddp_mode", "verbose"))
+        if not isinstance(self.loss_scale, LossScalePolicy):
+            raise TypeError(f"loss_scale={self.loss_scale!r} must be a LossScalePolicy.")
         clip = _number("max_norm", self.max_norm)
         if not 0 <= clip < math.inf:
             raise ValueError(f"max_norm={clip!r} must be a finite number >= 0 (0: no clipping).")
@@ -265,7 +234,10 @@ class GeminiConfig:
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``GeminiOptimizer`` (all but the optimizer and module)."""
-        kwargs = {name: getattr(self, name) for name in _OPTIMIZER_FIELDS}
+        kwargs: dict[str, Any] = {
+            "gpu_margin_mem_ratio": self.gpu_margin_mem_ratio,
+            **self.loss_scale.as_kwargs(),
+        }
         kwargs["max_norm"] = float(self.max_norm)
         kwargs["norm_type"] = float(self.norm_type)
         kwargs["verbose"] = self.verbose

@@ -16,7 +16,6 @@ forward sees an empty placeholder.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -25,32 +24,19 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from kolossos.accelerator import get_accelerator
+from kolossos.amp import cast_floating
 from kolossos.interface import ModelWrapper
 from kolossos.zero.gemini.chunk import ChunkManager, search_chunk_configuration, unique_params
 from kolossos.zero.gemini.full_tensors import FullTensorIO
 from kolossos.zero.gemini.gemini_hooks import GeminiHooks
-from kolossos.zero.gemini.placement.base import create_placement_policy
+from kolossos.zero.gemini.placement.factory import create_placement_policy
 from kolossos.zero.gemini.placement.static import StaticPlacementPolicy
 
 __all__ = ["GeminiDDP"]
 
 _logger = logging.getLogger(__name__)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _cast_tree(value: Any, dtype: torch.dtype) -> Any:
-    """``value`` with every floating tensor inside cast to ``dtype``; containers keep their type
-    (a Hugging Face ``ModelOutput`` stays one)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
-    if isinstance(value, dict):
-        out = copy.copy(value)
-        for key in list(value.keys()):
-            out[key] = _cast_tree(value[key], dtype)
-        return out
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_cast_tree(v, dtype) for v in value)
-    return value
 
 
 def _pick(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> Any:
@@ -169,8 +155,6 @@ class GeminiDDP(ModelWrapper):
         chunk_init_device: torch.device | str | None,
         strict: bool,
     ) -> torch.device:
-        from kolossos.accelerator import get_accelerator
-
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}.")
         if dtype not in _DTYPES:
@@ -264,13 +248,13 @@ class GeminiDDP(ModelWrapper):
         """Run the model; floating inputs are cast to the working dtype."""
         self.hooks.start_forward()
         if self.dtype != torch.float32:
-            args, kwargs = _cast_tree(args, self.dtype), _cast_tree(kwargs, self.dtype)
+            args, kwargs = cast_floating(args, self.dtype), cast_floating(kwargs, self.dtype)
         try:
             out = self.module(*args, **kwargs)
         finally:
             self.hooks.end_forward()
         if self.force_outputs_fp32:
-            out = _cast_tree(out, torch.float32)
+            out = cast_floating(out, torch.float32)
         return out
 
     def backward(self, loss: torch.Tensor) -> None:

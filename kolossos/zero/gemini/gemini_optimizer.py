@@ -18,15 +18,22 @@ import torch
 import torch.nn as nn
 from torch.optim import Optimizer
 
-from kolossos.amp import DynamicGradScaler, all_reduce_overflow, unscale_and_check_
+from kolossos.amp import (
+    DynamicGradScaler,
+    LossScalePolicy,
+    all_reduce_overflow,
+    unscale_and_check_,
+)
+from kolossos.cluster.collectives import comm_device
 from kolossos.interface import OptimizerWrapper
 from kolossos.interface.optimizer import _check_clip
+from kolossos.nn.optimizer import CPUAdam, HybridAdam
 from kolossos.zero.gemini.chunk import Chunk
 from kolossos.zero.gemini.full_tensors import local_range
 from kolossos.zero.gemini.gemini_ddp import GeminiDDP
 from kolossos.zero.gemini.optim_placement import host_optim_chunks, move_optim_data
 from kolossos.zero.gemini.optim_state import ShardedStateIO
-from kolossos.zero.low_level.clip import clip_by_total_norm_, global_norm
+from kolossos.zero.low_level.clip import clip_by_global_norm_
 from kolossos.zero.low_level.options import check_norm_type
 
 __all__ = ["GeminiAdamOptimizer", "GeminiOptimizer"]
@@ -78,6 +85,7 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         verbose: bool = False,
     ) -> None:
         super().__init__(optimizer)
+        self.loss_scale_policy = LossScalePolicy.of(locals())
         if not isinstance(module, GeminiDDP):
             raise TypeError(f"module must be a GeminiDDP model, got {type(module).__name__}.")
         module.policy.check_gpu_margin_mem_ratio(gpu_margin_mem_ratio)  # auto policy only
@@ -90,16 +98,7 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         self.manager = module.chunk_manager
         self.scaler: DynamicGradScaler | None = None
         if module.dtype == torch.float16:
-            self.scaler = DynamicGradScaler(
-                initial_scale=initial_scale,
-                min_scale=min_scale,
-                growth_factor=growth_factor,
-                backoff_factor=backoff_factor,
-                growth_interval=growth_interval,
-                hysteresis=hysteresis,
-                max_scale=max_scale,
-                verbose=verbose,
-            )
+            self.scaler = DynamicGradScaler.from_policy(self.loss_scale_policy, verbose)
         self._names = {p: n for n, p in module.module.named_parameters()}
         self._group_names = [
             [self._names[p] for p in group["params"] if p in self._names]
@@ -141,6 +140,10 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
     def loss_scale(self) -> float:
         """The current fp16 loss scale (1.0 otherwise)."""
         return self.scaler.scale if self.scaler is not None else 1.0
+
+    def get_loss_scaler(self) -> DynamicGradScaler | None:
+        """The fp16 loss scaler (``None`` for bf16/fp32)."""
+        return self.scaler
 
     @property
     def last_step_skipped(self) -> bool:
@@ -201,13 +204,6 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
             self._prepared = found_inf
         return self._prepared
 
-    def _comm_device(self) -> torch.device:
-        import torch.distributed as dist
-
-        if not dist.is_initialized() or dist.get_backend(self.module.process_group) == "gloo":
-            return torch.device("cpu")
-        return self.module.compute_device
-
     def clip_grad_by_norm(
         self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
     ) -> torch.Tensor:
@@ -218,15 +214,9 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         norm_type = check_norm_type(norm_type)
         if self._prepare():
             return torch.tensor(float("inf"))
-        grads = self._grad_shards()
-        total = global_norm(grads, norm_type, self.module.process_group, self._comm_device())
-        if error_if_nonfinite and not torch.isfinite(total):
-            raise RuntimeError(
-                f"the total norm of order {norm_type} of the gradients is non-finite; set "
-                "error_if_nonfinite=False to clip anyway."
-            )
-        clip_by_total_norm_(grads, max_norm, total)
-        return total
+        grads, group = self._grad_shards(), self.module.process_group
+        return clip_by_global_norm_(grads, max_norm, norm_type, group, comm_device(group),
+                                    error_if_nonfinite)  # fmt: skip
 
     def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
         """Clamp every gradient element into ``[-clip_value, clip_value]``."""
@@ -303,8 +293,6 @@ def _rebuild_nvme_offloader(optim: Optimizer) -> None:
     """CPUAdam / HybridAdam with ``nvme_offload_fraction > 0`` chose the parameters whose states
     go to disk when built, over the model's parameters; after re-pointing the groups at the
     master views it must choose again among those views."""
-    from kolossos.nn.optimizer import CPUAdam
-
     if isinstance(optim, CPUAdam):
         optim.rebuild_offloader()
 
@@ -317,7 +305,5 @@ def GeminiAdamOptimizer(module: GeminiDDP, **defaults: Any) -> GeminiOptimizer:
     """``GeminiOptimizer(HybridAdam(module.parameters(), ...), module, ...)`` in one call, as
     Colossal-AI's ``GeminiAdamOptimizer(model, lr=1e-3, initial_scale=2**5)``: HybridAdam's
     keywords go to HybridAdam, the others to :class:`GeminiOptimizer`."""
-    from kolossos.nn.optimizer import HybridAdam
-
     adam = {k: defaults.pop(k) for k in list(defaults) if k in _ADAM_KEYS}
     return GeminiOptimizer(HybridAdam(module.parameters(), **adam), module, **defaults)

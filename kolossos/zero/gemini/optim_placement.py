@@ -15,14 +15,14 @@ import torch
 import torch.nn as nn
 from torch.optim import Optimizer
 
+from kolossos.nn.optimizer._adam_base import AdamBase
 from kolossos.zero.gemini.chunk import Chunk
 
 __all__ = ["host_optim_chunks", "move_optim_data", "optim_data_bytes"]
 
 
 def _streamed(optim: Optimizer, view: nn.Parameter) -> bool:
-    is_streamed = getattr(optim, "_is_streamed", None)
-    return bool(is_streamed(view)) if callable(is_streamed) else False
+    return isinstance(optim, AdamBase) and optim.is_streamed(view)
 
 
 def optim_data_bytes(optim: Optimizer, chunk: Chunk, views: Sequence[nn.Parameter]) -> int:
@@ -60,8 +60,6 @@ def move_optim_data(
     states (``step``) follow only for kolossos' Adams, which keep them beside the parameter;
     ``torch.optim`` expects them on the host.
     """
-    from kolossos.nn.optimizer._adam_base import AdamBase
-
     assert chunk.master is not None
     old = chunk.master.device
     chunk.master = chunk.master.to(device)

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from kolossos.nn.optimizer._adam_base import AdamBase
 from kolossos.zero.gemini.chunk import Chunk
 from kolossos.zero.gemini.full_tensors import gather_chunk_vector, local_range
 
@@ -34,10 +35,8 @@ class ShardedStateIO:
         if view is None:
             return {}
         state = dict(self.optim.state.get(view, {}))
-        is_streamed = getattr(self.optim, "_is_streamed", None)
-        if state and callable(is_streamed) and is_streamed(view):
-            self.optim._settle()  # type: ignore[attr-defined]
-            state.update(self.optim._export_streamed(view))  # type: ignore[attr-defined]
+        if state and isinstance(self.optim, AdamBase):
+            state.update(self.optim.streamed_state(view))
         return state
 
     def _state_keys(self) -> tuple[list[str], list[str]]:

@@ -11,8 +11,9 @@
   states, so a checkpoint moves between world sizes, and to and from ``TorchDDPPlugin`` or a
   single process.
 
-The ZeRO optimizer owning a parameter is found from the parameter itself, so the hooks work for
-the boosted model, the unwrapped module and the optimizer alike.
+The ZeRO optimizer owning a parameter is looked up in the plugin's
+:class:`~kolossos.interface.ParamOwners` registry by the parameter itself, so the hooks work for
+the boosted model and the unwrapped module alike.
 """
 
 from __future__ import annotations
@@ -24,22 +25,21 @@ import torch
 import torch.nn as nn
 
 from kolossos.checkpoint_io import CheckpointIO
-from kolossos.checkpoint_io.optim_format import to_torch_state_dict
+from kolossos.checkpoint_io._common import boosted
+from kolossos.checkpoint_io.optim_format import load_group_hyperparameters
 from kolossos.checkpoint_io.param_names import positional_name
 from kolossos.checkpoint_io.state_check import ModelLayout
-from kolossos.interface import unwrap_model
-from kolossos.zero.low_level.low_level_optim import LowLevelZeroOptimizer, zero_optimizer_of
+from kolossos.interface import ParamOwners, unwrap_model
+from kolossos.zero.low_level.low_level_optim import LowLevelZeroOptimizer
 
 __all__ = ["LowLevelZeroCheckpointIO"]
 
 
 def _zero(optimizer: Any) -> LowLevelZeroOptimizer:
-    if not isinstance(optimizer, LowLevelZeroOptimizer):
-        raise TypeError(
-            "LowLevelZeroCheckpointIO saves and loads the optimizer returned by booster.boost with "
-            f"LowLevelZeroPlugin, got {type(optimizer).__name__}."
-        )
-    return optimizer
+    return boosted(
+        optimizer, LowLevelZeroOptimizer, "LowLevelZeroCheckpointIO", "LowLevelZeroPlugin",
+        "optimizer",
+    )  # fmt: skip
 
 
 class LowLevelZeroCheckpointIO(CheckpointIO):
@@ -47,7 +47,17 @@ class LowLevelZeroCheckpointIO(CheckpointIO):
 
     Args:
         process_group: the data-parallel group (its rank 0 writes).
+        owners: which ZeRO optimizer owns each model parameter (the plugin's registry); a
+            parameter without an owner is saved and loaded as it is.
     """
+
+    def __init__(self, process_group: Any | None = None, owners: ParamOwners | None = None) -> None:
+        super().__init__(process_group)
+        self.owners = owners if owners is not None else ParamOwners()
+
+    def _owner(self, tensor: torch.Tensor) -> LowLevelZeroOptimizer | None:
+        owner = self.owners.owner_of(tensor)
+        return owner if isinstance(owner, LowLevelZeroOptimizer) else None
 
     # ------------------------------------------------------------------ model
     def model_state_items(
@@ -56,13 +66,13 @@ class LowLevelZeroCheckpointIO(CheckpointIO):
         """The full state dict; fp16/bf16 parameters come from their gathered fp32 masters."""
         module = unwrap_model(model)
         tensors = module.state_dict(keep_vars=True)
-        owners = {zero_optimizer_of(v) for v in tensors.values()} - {None}
+        owners = {self._owner(v) for v in tensors.values()} - {None}
         exact = all(all(opt.masters.aliased) for opt in owners if opt is not None)
         if exact and not self.is_writer():
             return
         seen: dict[torch.Tensor, torch.Tensor] = {}
         for name, value in tensors.items():
-            opt = zero_optimizer_of(value)
+            opt = self._owner(value)
             if opt is None or all(opt.masters.aliased):
                 if self.is_writer():
                     yield name, value.detach()
@@ -87,7 +97,7 @@ class LowLevelZeroCheckpointIO(CheckpointIO):
         rest = {}
         for name, value in piece.items():
             target = targets[name]
-            opt = zero_optimizer_of(target)
+            opt = self._owner(target)
             if opt is None:
                 rest[name] = value
             else:
@@ -133,9 +143,7 @@ class LowLevelZeroCheckpointIO(CheckpointIO):
         """Hyper-parameters per group (from the saved group holding its parameters), and each
         parameter's states cut to this rank's partition as they stream in."""
         opt = _zero(optimizer)
-        hyper = to_torch_state_dict(names, header, iter(()), mapping)["param_groups"]
-        for group, saved in zip(opt.optim.param_groups, hyper, strict=True):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+        load_group_hyperparameters(opt.optim, names, header, mapping)
         position = {n: (g, i) for g, group in enumerate(names) for i, n in enumerate(group)}
         opt.load_param_states(
             (*position[mapping[name]], state) for name, state in states if name in mapping

@@ -9,7 +9,6 @@ model's weights after the step. The layout is documented in ``docs/zero.md``.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,13 +16,19 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.optim import Optimizer
-from torch.utils.weak import WeakIdKeyDictionary
 
-from kolossos.amp import DynamicGradScaler, all_reduce_overflow, unscale_and_check_
+from kolossos.amp import (
+    DynamicGradScaler,
+    LossScalePolicy,
+    all_reduce_overflow,
+    unscale_and_check_,
+)
+from kolossos.cluster.collectives import comm_device
 from kolossos.interface import OptimizerWrapper
 from kolossos.interface.optimizer import _check_clip
+from kolossos.logging import get_dist_logger
 from kolossos.zero.low_level.bucket import plan_buckets
-from kolossos.zero.low_level.clip import clip_by_total_norm_, global_norm
+from kolossos.zero.low_level.clip import clip_by_global_norm_
 from kolossos.zero.low_level.comm import Communicator
 from kolossos.zero.low_level.flat_buffers import attach_grad_views, flatten_params, param_views
 from kolossos.zero.low_level.grad_store import GradStore, StoreMode
@@ -33,16 +38,7 @@ from kolossos.zero.low_level.options import ZeroOptions, check_norm_type
 from kolossos.zero.low_level.partition import FlatLayout, ParamSpan
 from kolossos.zero.low_level.reducer import GradientReducer
 
-__all__ = ["LowLevelZeroOptimizer", "zero_optimizer_of"]
-
-#: managed working parameter -> the ZeRO optimizer owning it (checkpoint IO finds it this way)
-_OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def zero_optimizer_of(param: torch.Tensor) -> LowLevelZeroOptimizer | None:
-    """The :class:`LowLevelZeroOptimizer` whose flat buffer holds ``param``, if any."""
-    ref = _OWNERS.get(param)
-    return ref() if ref is not None else None
+__all__ = ["LowLevelZeroOptimizer"]
 
 
 class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
@@ -103,6 +99,7 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         norm_type: float = 2.0,
     ) -> None:
         super().__init__(optimizer)
+        self.loss_scale_policy = LossScalePolicy.of(locals())
         self.options = ZeroOptions(
             partition_grad=partition_grad,
             reduce_bucket_size=reduce_bucket_size,
@@ -125,21 +122,11 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
                 "kolossos.launch_from_torch() (or kolossos.launch) first."
             )
         self.comm = Communicator(dp_process_group)
-        self._names: dict[torch.Tensor, str] = {}
         self._build_buffers()
         dtype = self.working_dtype
         self.scaler: DynamicGradScaler | None = None
         if dtype == torch.float16:
-            self.scaler = DynamicGradScaler(
-                initial_scale=initial_scale,
-                min_scale=min_scale,
-                growth_factor=growth_factor,
-                backoff_factor=backoff_factor,
-                growth_interval=growth_interval,
-                hysteresis=hysteresis,
-                max_scale=max_scale,
-                verbose=verbose,
-            )
+            self.scaler = DynamicGradScaler.from_policy(self.loss_scale_policy, verbose)
         self._build_reducer(communication_dtype or dtype)
         self._no_sync = False
         self._backwards = 0  # backward passes since the last zero_grad
@@ -184,7 +171,6 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         for g, (params, layout) in enumerate(zip(self.groups, self.layouts, strict=True)):
             for p, span in zip(params, layout.spans, strict=True):
                 self.spans[p] = (g, span)
-                _OWNERS[p] = weakref.ref(self)
         self.masters = MasterWeights(self.flat_work, self.layouts, rank, options.cpu_offload)
         for group, master in zip(self.optim.param_groups, self.masters.params, strict=True):
             group["params"] = [master]
@@ -233,8 +219,6 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         self.reducer.register_hooks()
 
     def _log_layout(self) -> None:
-        from kolossos.logging import get_dist_logger
-
         stage = 2 if self.options.partition_grad else 1
         sizes = [layout.partition_numel for layout in self.layouts]
         get_dist_logger().info(
@@ -268,25 +252,16 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         """Whether the most recent ``step`` was skipped for an fp16 overflow."""
         return self._skipped
 
+    def get_loss_scaler(self) -> DynamicGradScaler | None:
+        """The fp16 loss scaler (``None`` for bf16/fp32 working weights)."""
+        return self.scaler
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Not supported: the flat buffers are built once; add every group before boosting."""
         raise NotImplementedError(
             "LowLevelZeroOptimizer cannot add a param group after construction (its flat "
             "buffers are fixed); add all groups to the optimizer before booster.boost."
         )
-
-    def set_param_names(self, names: nn.Module | dict[torch.Tensor, str]) -> None:
-        """Name the managed parameters (for name-keyed checkpoints), from the model or a
-        ``{parameter: name}`` mapping. The plugin does this at ``boost``."""
-        if isinstance(names, nn.Module):
-            from kolossos.interface import unwrap_model
-
-            names = {p: n for n, p in unwrap_model(names).named_parameters()}
-        self._names = dict(names)
-
-    def param_name(self, param: torch.Tensor) -> str | None:
-        """The name given to ``param`` by :meth:`set_param_names`, if any."""
-        return self._names.get(param)
 
     # ------------------------------------------------------------------ backward
     @contextlib.contextmanager
@@ -309,13 +284,22 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         self._run_backward(lambda factor: torch.autograd.backward(tensor, grad * factor))
 
     def _run_backward(self, run: Callable[[float], None]) -> None:
+        with self.backward_pass(sync=not self._no_sync):
+            run(self.loss_scale / self.comm.world_size)  # the reduction then is a plain sum
+
+    @contextlib.contextmanager
+    def backward_pass(self, sync: bool) -> Iterator[None]:
+        """One backward pass for the gradient reducer: every backward inside the context
+        accumulates into this rank's gradients, which are reduced over the data-parallel group
+        as they become ready (``sync=True``) or at the step (``sync=False``, ZeRO-1). The losses
+        back-propagated inside must already be scaled by ``loss_scale / world_size``."""
         if self.flat_grads is not None:
             for params, views in zip(self.groups, self._grad_views, strict=True):
                 attach_grad_views(params, views)
         self._prepared = None
-        self.reducer.begin(sync=not self._no_sync)
+        self.reducer.begin(sync=sync)
         try:
-            run(self.loss_scale / self.comm.world_size)  # the reduction then is a plain sum
+            yield
         except BaseException:
             self.reducer.abort()
             raise
@@ -343,14 +327,6 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         self._prepared = (grads, found_inf)
         return self._prepared
 
-    def _comm_device(self) -> torch.device:
-        """Where small tensors go to be all-reduced (the CPU for gloo)."""
-        if self.comm.gloo:
-            return torch.device("cpu")
-        from kolossos.accelerator import get_accelerator
-
-        return get_accelerator().get_current_device()
-
     def _valid(self, grads: list[torch.Tensor | None]) -> list[torch.Tensor]:
         """The gradient partitions without their padding."""
         return [
@@ -370,14 +346,9 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         grads, found_inf = self._prepare()
         if found_inf:
             return torch.tensor(float("inf"))
-        total = global_norm(self._valid(grads), norm_type, self.comm.group, self._comm_device())
-        if error_if_nonfinite and not torch.isfinite(total):
-            raise RuntimeError(
-                f"the total norm of order {norm_type} of the gradients is non-finite; set "
-                "error_if_nonfinite=False to clip anyway."
-            )
-        clip_by_total_norm_(grads, max_norm, total)
-        return total
+        group = self.comm.group
+        return clip_by_global_norm_(grads, max_norm, norm_type, group, comm_device(group),
+                                    error_if_nonfinite, pieces=self._valid(grads))  # fmt: skip
 
     def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
         """Clamp every element of the gradient partitions into ``[-clip_value, clip_value]``."""

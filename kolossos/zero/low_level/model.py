@@ -7,20 +7,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from kolossos.accelerator import get_accelerator
+from kolossos.amp import cast_floating
 from kolossos.interface import ModelWrapper
 
-__all__ = ["LowLevelZeroModel", "cast_floating"]
-
-
-def cast_floating(value: Any, dtype: torch.dtype) -> Any:
-    """``value`` with each floating-point tensor inside (lists, tuples, dicts) cast to ``dtype``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, dict):
-        return {k: cast_floating(v, dtype) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(cast_floating(v, dtype) for v in value)
-    return value
+__all__ = ["LowLevelZeroModel"]
 
 
 class LowLevelZeroModel(ModelWrapper):
@@ -40,8 +31,6 @@ class LowLevelZeroModel(ModelWrapper):
     """
 
     def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
-        from kolossos.accelerator import get_accelerator
-
         module = module.to(get_accelerator().get_current_device())
         if dtype != torch.float32:
             module = module.to(dtype)

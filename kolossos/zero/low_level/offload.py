@@ -20,14 +20,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
+from kolossos.accelerator import get_accelerator
 from kolossos.zero.low_level.partition import FlatLayout
 
 __all__ = ["MasterWeights"]
 
 
 def _pin(tensor: torch.Tensor) -> torch.Tensor:
-    from kolossos.accelerator import get_accelerator
-
     return tensor.pin_memory() if get_accelerator().name != "cpu" else tensor
 
 

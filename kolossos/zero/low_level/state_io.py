@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kolossos.accelerator import get_accelerator
 from kolossos.zero.low_level.comm import Communicator
 from kolossos.zero.low_level.partition import FlatLayout, ParamSpan, intersect
 
@@ -48,8 +49,6 @@ def _comm_ready(tensor: torch.Tensor, comm: Communicator) -> torch.Tensor:
     """``tensor`` where the backend can send it (NCCL cannot move CPU tensors)."""
     if comm.gloo or tensor.device.type != "cpu":
         return tensor
-    from kolossos.accelerator import get_accelerator
-
     return tensor.to(get_accelerator().get_current_device())
 
 

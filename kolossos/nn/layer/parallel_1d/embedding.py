@@ -3,7 +3,7 @@ over the embedding dimension (:class:`Embedding1D`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,7 @@ from kolossos.nn.layer.parallel_1d._comm import (
     reduce_from_tp,
     reduce_scatter_seq_gather_grad,
 )
-from kolossos.nn.layer.parallel_1d._vocab import padded_vocab_size, vocab_range
+from kolossos.nn.layer.parallel_1d._vocab import vocab_shard
 
 __all__ = ["Embedding1D", "VocabParallelEmbedding1D"]
 
@@ -58,7 +58,31 @@ def _full_weight(
     return weight
 
 
-class VocabParallelEmbedding1D(ParallelModule1D):
+_E = TypeVar("_E", bound="_Embedding1D")
+
+
+class _Embedding1D(ParallelModule1D):
+    """Shared construction of the two embeddings from an ``nn.Embedding``."""
+
+    @classmethod
+    def from_native_module(
+        cls: type[_E], module: nn.Module, process_group: ProcessGroup | None = None, **options: Any
+    ) -> _E:
+        """Build from an ``nn.Embedding``, slicing its weight (``options``: the constructor's
+        keyword arguments; :class:`VocabParallelEmbedding1D`: ``make_vocab_size_divisible_by``,
+        ``seq_parallel_mode``, ``seq_dim``; :class:`Embedding1D`: ``gather_output``)."""
+        emb = _native_embedding(module)
+        return cls(
+            emb.num_embeddings,
+            emb.embedding_dim,
+            emb.padding_idx,
+            process_group=process_group,
+            weight=emb.weight,
+            **options,
+        )
+
+
+class VocabParallelEmbedding1D(_Embedding1D):
     """Embedding with the vocabulary rows split over the tensor-parallel group.
 
     Each rank looks up the ids in its row range (others give zeros) and the partial embeddings
@@ -99,11 +123,8 @@ class VocabParallelEmbedding1D(ParallelModule1D):
         self._init_group(process_group)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx = padding_idx
-        self.num_embeddings_padded = padded_vocab_size(
-            num_embeddings, self.tp_size, make_vocab_size_divisible_by
-        )
-        self.vocab_start, self.vocab_end = vocab_range(
-            self.num_embeddings_padded, self.tp_rank, self.tp_size
+        self.num_embeddings_padded, self.vocab_start, self.vocab_end = vocab_shard(
+            num_embeddings, self.tp_rank, self.tp_size, make_vocab_size_divisible_by
         )
         full = _full_weight(weight, num_embeddings, embedding_dim, padding_idx, device, dtype)
         self.weight = self._shard_param(
@@ -116,22 +137,6 @@ class VocabParallelEmbedding1D(ParallelModule1D):
         if padding_idx is not None and self.vocab_start <= padding_idx < self.vocab_end:
             local_pad = padding_idx - self.vocab_start
         self._local_padding_idx = local_pad
-
-    @classmethod
-    def from_native_module(
-        cls, module: nn.Module, process_group: ProcessGroup | None = None, **options: Any
-    ) -> VocabParallelEmbedding1D:
-        """Build from an ``nn.Embedding``, slicing its rows (``options``:
-        ``make_vocab_size_divisible_by``, ``seq_parallel_mode``, ``seq_dim``)."""
-        emb = _native_embedding(module)
-        return cls(
-            emb.num_embeddings,
-            emb.embedding_dim,
-            emb.padding_idx,
-            process_group=process_group,
-            weight=emb.weight,
-            **options,
-        )
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
@@ -149,7 +154,7 @@ class VocabParallelEmbedding1D(ParallelModule1D):
         )
 
 
-class Embedding1D(ParallelModule1D):
+class Embedding1D(_Embedding1D):
     """Embedding with the embedding dimension split over the tensor-parallel group; the output is
     all-gathered along its last dimension unless ``gather_output=False``.
 
@@ -182,21 +187,6 @@ class Embedding1D(ParallelModule1D):
         self.padding_idx, self.gather_output = padding_idx, gather_output
         full = _full_weight(weight, num_embeddings, embedding_dim, padding_idx, device, dtype)
         self.weight = self._shard_param(full, 1, requires_grad=trainable(full))
-
-    @classmethod
-    def from_native_module(
-        cls, module: nn.Module, process_group: ProcessGroup | None = None, **options: Any
-    ) -> Embedding1D:
-        """Build from an ``nn.Embedding``, slicing its columns (``options``: ``gather_output``)."""
-        emb = _native_embedding(module)
-        return cls(
-            emb.num_embeddings,
-            emb.embedding_dim,
-            emb.padding_idx,
-            process_group=process_group,
-            weight=emb.weight,
-            **options,
-        )
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         out = F.embedding(input_ids, self.weight, self.padding_idx)

@@ -49,22 +49,14 @@ class FusedLinear1D_Col(Linear1D_Col):
         Raises:
             ValueError: the output size is not ``n_fused`` equal blocks.
         """
-        in_f, out_f, weight, bias, conv1d = native_linear_weights(module)
         if fused_sections is None:
+            out_f = native_linear_weights(module)[1]
             if n_fused < 1 or out_f % n_fused:
                 raise ValueError(
                     f"FusedLinear1D_Col: out_features={out_f} cannot be cut into n_fused={n_fused} "
                     "equal blocks; pass fused_sections=(...) with the block sizes."
                 )
             fused_sections = (out_f // n_fused,) * n_fused
-        return cls(
-            in_f,
-            out_f,
-            bias is not None,
-            process_group=process_group,
-            weight=weight,
-            bias_=bias,
-            conv1d_layout=conv1d,
-            fused_sections=tuple(fused_sections),
-            **options,
+        return super().from_native_module(
+            module, process_group, fused_sections=tuple(fused_sections), **options
         )

@@ -15,7 +15,7 @@ state dict keeps its keys; each sharded parameter carries a
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,7 @@ from kolossos.nn.layer.parallel_1d.sharding import mark_sequence_parallel
 __all__ = ["Linear1D_Col", "Linear1D_Row", "native_linear_weights"]
 
 LinearOutput = torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]
+_L = TypeVar("_L", bound="_Linear1D")
 
 
 def _default_full_weights(
@@ -127,6 +128,29 @@ class _Linear1D(ParallelModule1D):
         bias_dim = 0 if dim == 0 else None  # column: split; row: replicated
         self.bias = self._shard_param(
             bias_, bias_dim, fused_sections=fused_sections, requires_grad=trainable(bias_)
+        )
+
+    @classmethod
+    def from_native_module(
+        cls: type[_L], module: nn.Module, process_group: ProcessGroup | None = None, **options: Any
+    ) -> _L:
+        """Build from an ``nn.Linear`` or transformers ``Conv1D``, slicing its weights.
+
+        ``options`` are the constructor's keyword arguments (:class:`Linear1D_Col`:
+        ``gather_output``, ``seq_parallel_mode``, ``seq_dim``, ``skip_bias_add``,
+        ``input_comm``, ``fused_sections``; :class:`Linear1D_Row`: ``parallel_input``,
+        ``seq_parallel_mode``, ``seq_dim``, ``skip_bias_add``).
+        """
+        in_f, out_f, weight, bias, conv1d = native_linear_weights(module)
+        return cls(
+            in_f,
+            out_f,
+            bias is not None,
+            process_group=process_group,
+            weight=weight,
+            bias_=bias,
+            conv1d_layout=conv1d,
+            **options,
         )
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -223,28 +247,6 @@ class Linear1D_Col(_Linear1D):
             self.fused_sections,
         )
 
-    @classmethod
-    def from_native_module(
-        cls, module: nn.Module, process_group: ProcessGroup | None = None, **options: Any
-    ) -> Linear1D_Col:
-        """Build from an ``nn.Linear`` or transformers ``Conv1D``, slicing its weights.
-
-        ``options`` are the constructor's keyword arguments (``gather_output``,
-        ``seq_parallel_mode``, ``seq_dim``, ``skip_bias_add``, ``input_comm``,
-        ``fused_sections``).
-        """
-        in_f, out_f, weight, bias, conv1d = native_linear_weights(module)
-        return cls(
-            in_f,
-            out_f,
-            bias is not None,
-            process_group=process_group,
-            weight=weight,
-            bias_=bias,
-            conv1d_layout=conv1d,
-            **options,
-        )
-
     def _gather(self, y: torch.Tensor) -> torch.Tensor:
         full = gather_from_tp(y, self.process_group, dim=-1)
         if self.fused_sections is None or self.tp_size == 1:
@@ -316,27 +318,6 @@ class Linear1D_Row(_Linear1D):
         self._build(in_features, out_features, bias, weight, bias_, conv1d_layout, device, dtype)
         if self.bias is not None and self.seq_parallel_mode is not None:
             mark_sequence_parallel(self.bias)
-
-    @classmethod
-    def from_native_module(
-        cls, module: nn.Module, process_group: ProcessGroup | None = None, **options: Any
-    ) -> Linear1D_Row:
-        """Build from an ``nn.Linear`` or transformers ``Conv1D``, slicing its weights.
-
-        ``options`` are the constructor's keyword arguments (``parallel_input``,
-        ``seq_parallel_mode``, ``seq_dim``, ``skip_bias_add``).
-        """
-        in_f, out_f, weight, bias, conv1d = native_linear_weights(module)
-        return cls(
-            in_f,
-            out_f,
-            bias is not None,
-            process_group=process_group,
-            weight=weight,
-            bias_=bias,
-            conv1d_layout=conv1d,
-            **options,
-        )
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
         if not self.parallel_input:

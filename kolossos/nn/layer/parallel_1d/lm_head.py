@@ -21,7 +21,7 @@ from kolossos.nn.layer.parallel_1d._comm import (
     gather_from_tp,
     gather_seq_reduce_scatter_grad,
 )
-from kolossos.nn.layer.parallel_1d._vocab import padded_vocab_size, vocab_range
+from kolossos.nn.layer.parallel_1d._vocab import vocab_shard
 from kolossos.nn.layer.parallel_1d.cross_entropy import vocab_parallel_cross_entropy
 
 __all__ = ["VocabParallelLMHead1D"]
@@ -74,11 +74,8 @@ class VocabParallelLMHead1D(ParallelModule1D):
         self._init_group(process_group)
         self.in_features, self.out_features = in_features, out_features
         self.vocab_size = out_features
-        self.out_features_padded = padded_vocab_size(
-            out_features, self.tp_size, make_vocab_size_divisible_by
-        )
-        self.vocab_start, self.vocab_end = vocab_range(
-            self.out_features_padded, self.tp_rank, self.tp_size
+        self.out_features_padded, self.vocab_start, self.vocab_end = vocab_shard(
+            out_features, self.tp_rank, self.tp_size, make_vocab_size_divisible_by
         )
         if weight is None:
             dense = nn.Linear(in_features, out_features, bias, device=device, dtype=dtype)

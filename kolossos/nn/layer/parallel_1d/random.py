@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from kolossos.accelerator import get_accelerator
+
 __all__ = [
     "TPRNGStateNames",
     "TPRNGTracker",
@@ -44,16 +46,12 @@ _State = tuple[torch.Tensor, torch.Tensor | None]
 
 
 def _capture() -> _State:
-    from kolossos.accelerator import get_accelerator
-
     accelerator = get_accelerator()
     device_state = None if accelerator.name == "cpu" else accelerator.get_rng_state()
     return torch.get_rng_state(), device_state
 
 
 def _restore(state: _State) -> None:
-    from kolossos.accelerator import get_accelerator
-
     torch.set_rng_state(state[0])
     if state[1] is not None:
         get_accelerator().set_rng_state(state[1])
@@ -123,8 +121,6 @@ class TPRNGTracker:
             draw = int(torch.randint(0, _MASK63, (1,)).item())  # the same on ranks in sync
         saved = _capture()
         seed = _mix(draw, self._salts[name])
-        from kolossos.accelerator import get_accelerator
-
         torch.manual_seed(seed)
         get_accelerator().manual_seed(seed)
         self._stack.append(_Frame(name=name, draw=draw))
@@ -182,8 +178,6 @@ def ensure_tp_rng_states(group: ProcessGroup, seed: int = 0) -> TPRNGStateNames:
 def default_rng_in_sync(group: ProcessGroup | None = None) -> bool:
     """Whether every rank of ``group`` has the same default CPU (and accelerator) generator state
     — the premise of identical replicated masks. COLLECTIVE over ``group``."""
-    from kolossos.accelerator import get_accelerator
-
     digest = hashlib.sha256()
     for state in _capture():
         if state is not None:

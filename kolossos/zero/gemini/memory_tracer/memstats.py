@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from kolossos.zero.gemini.placement.eviction import AccessTrace
+from kolossos.zero.gemini.memory_tracer.trace import AccessTrace
 
 __all__ = ["MemStats"]
 
@@ -73,8 +71,6 @@ class MemStats:
 
     def trace(self) -> AccessTrace:
         """Return the access order as an :class:`AccessTrace` (next-use queries)."""
-        from kolossos.zero.gemini.placement.eviction import AccessTrace
-
         return AccessTrace(self.access_order)
 
     def max_gather_bytes(self, extra_bytes: Mapping[int, int] | None = None) -> int:

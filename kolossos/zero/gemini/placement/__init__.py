@@ -11,11 +11,7 @@ Example:
 """
 
 from kolossos.zero.gemini.placement.auto import AutoPlacementPolicy
-from kolossos.zero.gemini.placement.base import (
-    PlacementPolicy,
-    PlacementStats,
-    create_placement_policy,
-)
+from kolossos.zero.gemini.placement.base import PlacementPolicy, PlacementStats
 from kolossos.zero.gemini.placement.budget import DeviceBudget
 from kolossos.zero.gemini.placement.config import POLICY_ALIASES, POLICY_NAMES, PlacementConfig
 from kolossos.zero.gemini.placement.eviction import (
@@ -26,6 +22,7 @@ from kolossos.zero.gemini.placement.eviction import (
     LayoutPlan,
     plan_layout,
 )
+from kolossos.zero.gemini.placement.factory import create_placement_policy
 from kolossos.zero.gemini.placement.static import StaticPlacementPolicy, fraction_prefix
 
 __all__ = [

@@ -1,5 +1,5 @@
-"""The placement-policy interface GeminiDDP calls, the residency bookkeeping every policy shares,
-and :func:`create_placement_policy`.
+"""The placement-policy interface GeminiDDP calls and the residency bookkeeping every policy
+shares (:func:`~kolossos.zero.gemini.placement.factory.create_placement_policy` builds a policy).
 
 A chunk's *home* is where its working shard lives between uses: the compute device or the host
 (CPU memory). While gathered, its payload is on the compute device whatever the home. GeminiDDP
@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
+from kolossos.accelerator import get_accelerator
 from kolossos.zero.gemini.placement.config import PlacementConfig
 
 __all__ = [
@@ -33,7 +34,6 @@ __all__ = [
     "ChunkManagerLike",
     "PlacementPolicy",
     "PlacementStats",
-    "create_placement_policy",
 ]
 
 HOST = torch.device("cpu")
@@ -94,8 +94,6 @@ class PlacementPolicy(ABC):
 
     def __init__(self, config: PlacementConfig, *, device: torch.device | None = None) -> None:
         if device is None:
-            from kolossos.accelerator import get_accelerator
-
             device = get_accelerator().get_current_device()
         self.config = config
         self.device = torch.device(device)
@@ -214,44 +212,3 @@ class PlacementPolicy(ABC):
     @staticmethod
     def _ids(chunks: Iterable[ChunkLike]) -> list[int]:
         return [c.chunk_id for c in chunks]
-
-
-def create_placement_policy(
-    placement_policy: str = "static",
-    *,
-    device: torch.device | None = None,
-    memstats: Any = None,
-    **kwargs: Any,
-) -> PlacementPolicy:
-    """Build a placement policy from its documented name (or an alias) and options.
-
-    Args:
-        placement_policy: ``"static"``, ``"auto"``, or the older ``"cuda"``, ``"cpu"``,
-            ``"const"`` (see :mod:`kolossos.zero.gemini.placement.config`).
-        device: the compute device (default: the accelerator's current one).
-        memstats: ``auto`` only: a :class:`~kolossos.zero.gemini.memory_tracer.MemStats` from an
-            earlier run, used instead of measuring a warm-up iteration.
-        **kwargs: ``shard_param_frac``, ``offload_optim_frac``, ``offload_param_frac`` (static),
-            ``warmup_non_model_data_ratio``, ``steady_cuda_cap_ratio``, ``device_memory_budget``
-            (auto).
-
-    Raises:
-        ValueError: an unknown name, an out-of-range value, or an option the policy ignores.
-        TypeError: an unknown keyword.
-
-    Example:
-        >>> policy = create_placement_policy("auto", device_memory_budget=2**30)
-        >>> policy.setup(chunk_manager)  # GeminiDDP does this
-    """
-    from kolossos.zero.gemini.placement.auto import AutoPlacementPolicy
-    from kolossos.zero.gemini.placement.static import StaticPlacementPolicy
-
-    config = PlacementConfig.from_user(placement_policy, **kwargs)
-    if config.policy == "auto":
-        return AutoPlacementPolicy(config, device=device, memstats=memstats)
-    if memstats is not None:
-        raise ValueError(
-            f"memstats is read by placement_policy='auto' only (got {placement_policy!r}); "
-            "drop it or use placement_policy='auto'."
-        )
-    return StaticPlacementPolicy(config, device=device)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kolossos.accelerator import get_accelerator
+
 __all__ = ["DeviceBudget"]
 
 
@@ -72,8 +74,6 @@ class DeviceBudget:
         ratio = check_fraction("fraction", fraction, low_open=True)
         if device_memory_budget is not None:
             return cls(capacity_bytes=device_memory_budget, source="explicit")
-        from kolossos.accelerator import get_accelerator
-
         total = get_accelerator().total_memory()
         return cls(capacity_bytes=max(1, int(total * ratio)), source="accelerator")
 
