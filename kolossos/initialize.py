@@ -19,6 +19,9 @@ from typing import Any
 import torch.distributed as dist
 
 from kolossos.accelerator import get_accelerator
+from kolossos.cluster import flight_recorder
+from kolossos.cluster.rank_failure import install_failure_hook
+from kolossos.cluster.watchdog import start_heartbeat
 from kolossos.launch_env import (
     ConfigLike,
     RankInfo,
@@ -30,6 +33,7 @@ from kolossos.launch_env import (
     resolve_timeout,
     validate_config,
     validate_rank_info,
+    watchdog_seconds,
 )
 from kolossos.logging import get_dist_logger
 from kolossos.utils.seed import set_seed
@@ -101,9 +105,14 @@ def launch(
         timeout: collective timeout in seconds (or a ``timedelta``); default
             ``$KOLOSSOS_DIST_TIMEOUT`` or 600 s. A lost rank then surfaces as an error, not a hang.
 
+    With several processes, each rank also gets torch's flight recorder (unless
+    ``TORCH_FR_BUFFER_SIZE`` is set), a heartbeat thread with the optional progress watchdog
+    (``KOLOSSOS_WATCHDOG`` seconds) and a hook that reports an uncaught exception with the rank
+    and bounds the shutdown after it (see ``docs/reliability.md``).
+
     Raises:
         TypeError / FileNotFoundError: bad ``config``.
-        ValueError: bad rank, world size, port, backend or timeout.
+        ValueError: bad rank, world size, port, backend, timeout or ``KOLOSSOS_WATCHDOG``.
         RuntimeError: already initialised with a different rank or world size.
     """
     global _launch_config
@@ -115,6 +124,7 @@ def launch(
     if warning is not None:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
     pg_timeout = resolve_timeout(timeout)
+    watchdog_seconds()  # a bad KOLOSSOS_WATCHDOG fails here, before the rendezvous
 
     if dist.is_initialized():
         if dist.get_rank() != rank or dist.get_world_size() != world_size:
@@ -130,6 +140,7 @@ def launch(
             stacklevel=2,
         )
     else:
+        flight_recorder.enable()  # before the group exists: it records from its creation
         # SYNC POINT: the rendezvous blocks until every rank has arrived (or pg_timeout passes).
         dist.init_process_group(
             backend=chosen,
@@ -143,6 +154,9 @@ def launch(
         count = max(accelerator.device_count(), 1)
         accelerator.set_device(rank % count if local_rank is None else local_rank)
 
+    if world_size > 1:
+        start_heartbeat(rank, world_size, host, port)
+        install_failure_hook(rank)
     set_seed(seed)
     _launch_config = checked_config
     if verbose:

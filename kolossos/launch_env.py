@@ -17,6 +17,8 @@ from typing import Any
 #: look like a hang; 10 minutes still covers a slow first checkpoint gather over gloo.
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_ENV = "KOLOSSOS_DIST_TIMEOUT"
+#: the progress watchdog's time in seconds (unset or 0: off); see kolossos.cluster.watchdog
+WATCHDOG_ENV = "KOLOSSOS_WATCHDOG"
 KNOWN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 
 ConfigLike = dict[str, Any] | str | os.PathLike[str] | None
@@ -209,3 +211,33 @@ def init_method_url(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"tcp://{host}:{port}"
+
+
+def parse_watchdog(raw: str, what: str = WATCHDOG_ENV) -> float | None:
+    """A watchdog time in seconds from text; ``None`` for ``""`` or ``0`` (off).
+
+    Raises:
+        ValueError: not a finite number >= 0 (naming ``what``, the rule and the fix).
+    """
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise ValueError(
+            f"{what}={raw!r} is not a number of seconds >= 0; give how long a rank may make no "
+            "progress while its peers moved on (e.g. 300), or 0 to turn the watchdog off."
+        )
+    return value or None
+
+
+def watchdog_seconds(env: Mapping[str, str] | None = None) -> float | None:
+    """The watchdog time from :data:`WATCHDOG_ENV` (``None``: off).
+
+    Raises:
+        ValueError: a value that is not a number of seconds >= 0.
+    """
+    return parse_watchdog((os.environ if env is None else env).get(WATCHDOG_ENV, ""))

@@ -38,7 +38,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from kolossos.checkpoint_io import model_io, optimizer_io
-from kolossos.checkpoint_io._common import check_save_args
+from kolossos.checkpoint_io._common import check_save_args, drain
+from kolossos.checkpoint_io.async_writer import AsyncWriter, host_copy
 from kolossos.checkpoint_io.backends import read_object_file, write_object_file
 from kolossos.checkpoint_io.errors import CheckpointError, LoadReport
 from kolossos.checkpoint_io.optim_format import named_param_groups
@@ -68,6 +69,9 @@ class CheckpointIO(ABC):
 
     def __init__(self, process_group: Any | None = None) -> None:
         self.process_group = process_group
+        self.async_writer = AsyncWriter()
+        """Writes ``use_async=True`` saves in the background (a Booster shares one writer
+        between the checkpoint IOs it hands out)."""
 
     # ------------------------------------------------------------------ ranks
     def _distributed(self) -> bool:
@@ -106,6 +110,56 @@ class CheckpointIO(ABC):
         if failed:
             rank, msg = failed[0]
             raise CheckpointError(f"saving {str(path)!r} failed on rank {rank}: {msg}")
+
+    def collective_save(
+        self,
+        produce: Callable[[], Iterator[Any]],
+        write: Callable[[Iterator[Any]], None],
+        path: Any,
+        use_async: bool = False,
+    ) -> None:
+        """Save through :meth:`run_collective_write`: every rank runs ``produce()`` to its end
+        (it may gather), and the writer passes the items to ``write``.
+
+        With ``use_async`` the writer keeps host copies of the items (:func:`host_copy`) and
+        :attr:`async_writer` writes them in the background: the call returns once the state is
+        in host memory. Without it, items are written as they come (one shard in memory).
+        """
+        snapshot: list[Any] = []
+
+        def run() -> None:
+            items = produce()
+            try:
+                if self.is_writer():
+                    if use_async:
+                        snapshot.extend(host_copy(item) for item in items)
+                    else:
+                        write(items)
+            finally:
+                drain(items)
+
+        self.run_collective_write(run, path)
+        if use_async:
+            self.async_writer.used = True  # on every rank: loads settle together
+            if self.is_writer():
+                self.async_writer.submit(lambda: write(iter(snapshot)), path)
+
+    def wait_async(self) -> None:
+        """Wait for this rank's background writes (local: no collective).
+
+        Raises:
+            CheckpointError: a background write failed (named).
+        """
+        self.async_writer.wait()
+
+    def _settle_async(self) -> None:
+        """Before a load: every rank's background writes are on disk (waits, then a barrier;
+        all ranks call loads together, and all saved with the same ``use_async``)."""
+        if not self.async_writer.used:
+            return
+        self.async_writer.wait()
+        if self._distributed():
+            dist.barrier(group=self.process_group)  # SYNC POINT: every writer finished
 
     # ------------------------------------------------------------------ hooks: model
     @abstractmethod
@@ -167,13 +221,24 @@ class CheckpointIO(ABC):
         prefix: str | None = None,
         size_per_shard: float = 1024,
         use_safetensors: bool = False,
+        use_async: bool = False,
     ) -> None:
         """Save ``model``'s state: one file, or (``shard=True``) a directory of shards + index.
 
-        See :func:`kolossos.checkpoint_io.model_io.save_model` for the layouts.
+        See :func:`kolossos.checkpoint_io.model_io.save_model` for the layouts. With
+        ``use_async`` the files are written in the background (see :meth:`collective_save`);
+        :meth:`wait_async` waits for them.
         """
         model_io.save_model(
-            self, model, checkpoint, shard, gather_dtensor, prefix, size_per_shard, use_safetensors
+            self,
+            model,
+            checkpoint,
+            shard,
+            gather_dtensor,
+            prefix,
+            size_per_shard,
+            use_safetensors,
+            use_async,
         )
 
     def load_model(
@@ -183,6 +248,7 @@ class CheckpointIO(ABC):
 
         See :func:`kolossos.checkpoint_io.model_io.load_model`.
         """
+        self._settle_async()
         return model_io.load_model(self, model, checkpoint, strict)
 
     def save_optimizer(
@@ -193,13 +259,15 @@ class CheckpointIO(ABC):
         gather_dtensor: bool = True,
         prefix: str | None = None,
         size_per_shard: float = 1024,
+        use_async: bool = False,
     ) -> None:
         """Save ``optimizer``'s state, keyed by parameter name, as one file or a directory.
 
-        See :func:`kolossos.checkpoint_io.optimizer_io.save_optimizer`.
+        See :func:`kolossos.checkpoint_io.optimizer_io.save_optimizer`; ``use_async`` as in
+        :meth:`save_model`.
         """
         optimizer_io.save_optimizer(
-            self, optimizer, checkpoint, shard, gather_dtensor, prefix, size_per_shard
+            self, optimizer, checkpoint, shard, gather_dtensor, prefix, size_per_shard, use_async
         )
 
     def load_optimizer(
@@ -209,6 +277,7 @@ class CheckpointIO(ABC):
 
         See :func:`kolossos.checkpoint_io.optimizer_io.load_optimizer`.
         """
+        self._settle_async()
         return optimizer_io.load_optimizer(self, optimizer, checkpoint)
 
     def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str | os.PathLike[str]) -> None:
@@ -228,11 +297,87 @@ class CheckpointIO(ABC):
         self.run_collective_write(write, checkpoint)
 
     def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str | os.PathLike[str]) -> None:
-        """Load an LR scheduler state saved by :meth:`save_lr_scheduler`."""
+        """Load an LR scheduler state saved by :meth:`save_lr_scheduler`.
+
+        The file is read safely and checked against ``lr_scheduler.state_dict()`` before
+        anything is loaded: it must hold every key of that state (except the bookkeeping keys
+        torch releases add or drop), values of the same kinds (numbers, lists, strings...), and
+        one entry per param group in the per-group lists (``base_lrs``, ``lr_lambdas``...).
+
+        Raises:
+            CheckpointNotFoundError: the file does not exist.
+            CheckpointError: the file is corrupt, pickles Python objects, or does not hold a
+                state of this scheduler (the message names the file and what differs).
+        """
+        self._settle_async()
         state = read_object_file(checkpoint)
-        if not isinstance(state, dict):
+        problem = _scheduler_state_problem(state, lr_scheduler)
+        if problem is not None:
             raise CheckpointError(
-                f"{str(checkpoint)!r} is not an LR scheduler checkpoint "
-                f"(found {type(state).__name__})"
+                f"checkpoint file {str(checkpoint)!r} is not a state of this LR scheduler: "
+                f"{problem}. Load the file booster.save_lr_scheduler wrote for the same scheduler "
+                "class over the same param groups; nothing was loaded."
             )
         lr_scheduler.load_state_dict(state)
+
+
+#: bookkeeping keys some torch releases have and others not: neither required nor refused
+_VERSION_DEPENDENT_KEYS = frozenset({"verbose", "_is_initial", "_get_lr_called_within_step"})
+#: scheduler state entries holding one value per optimizer param group
+_PER_GROUP_KEYS = ("base_lrs", "_last_lr", "lr_lambdas", "min_lrs")
+#: learning rates per group: numbers (or tensors, for tensor learning rates)
+_LR_LISTS = ("base_lrs", "_last_lr")
+#: entries every torch scheduler relies on: never ``None`` when the scheduler has a value
+_CORE_KEYS = frozenset({"last_epoch", "_step_count", *_LR_LISTS})
+
+
+def _kind(value: Any) -> str | None:
+    """The kind of a state value compared on load (``None``: not compared)."""
+    if isinstance(value, bool):
+        return "bool"
+    for kind, types in (("number", (int, float)), ("str", str), ("list", (list, tuple))):
+        if isinstance(value, types):
+            return kind
+    if isinstance(value, dict):
+        return "dict"
+    return "tensor" if isinstance(value, torch.Tensor) else None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _scheduler_state_problem(state: Any, lr_scheduler: Any) -> str | None:
+    """What makes ``state`` unfit for ``lr_scheduler.load_state_dict`` (``None``: nothing).
+
+    Compares ``state`` with ``lr_scheduler.state_dict()``: missing keys, values of another kind
+    (a number where the scheduler has a number, and so on) and per-group lists of another length.
+    """
+    name = type(lr_scheduler).__name__
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        return f"it holds a {type(state).__name__}, not a state dict with string keys"
+    expected: dict[str, Any] = lr_scheduler.state_dict()
+    missing = sorted(set(expected) - set(state) - _VERSION_DEPENDENT_KEYS)
+    if missing:
+        return (
+            f"an LR scheduler state for {name} must have keys {sorted(expected)}; the file has "
+            f"{sorted(state)} (missing {missing})"
+        )
+    for key, want in expected.items():
+        if key not in state or _kind(want) is None:
+            continue
+        got = state[key]
+        if _kind(got) != _kind(want) and (got is not None or key in _CORE_KEYS):
+            return (
+                f"{key!r} must be a {_kind(want)} for {name} (like {_short(want)}), found a "
+                f"{type(got).__name__}: {_short(got)}"
+            )
+        if key in _PER_GROUP_KEYS and got is not None and len(got) != len(want):
+            return (
+                f"{key!r} has {len(got)} entries, one per param group of the optimizer it was "
+                f"saved with, but this {name}'s optimizer has {len(want)} param groups"
+            )
+        if key in _LR_LISTS and not all(_kind(v) in ("number", "tensor") for v in got):
+            return f"{key!r} must hold one learning rate (a number) per group, found {_short(got)}"
+    return None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
-from kolossos.checkpoint_io._common import check_save_args, drain
+from kolossos.checkpoint_io._common import check_save_args
 from kolossos.checkpoint_io.atomic import atomic_directory, write_text_atomic
 from kolossos.checkpoint_io.backends import (
     SAFETENSORS,
@@ -110,6 +110,7 @@ def save_model(
     prefix: str | None = None,
     size_per_shard: float = 1024,
     use_safetensors: bool = False,
+    use_async: bool = False,
 ) -> None:
     """Save ``model``'s full state through ``io``'s hooks (see the module docstring).
 
@@ -122,6 +123,8 @@ def save_model(
         prefix: prepended (with a dash) to the file names in a directory; ``None``/``""``: none.
         size_per_shard: shard size limit in MB (MiB).
         use_safetensors: write ``.safetensors`` instead of torch files.
+        use_async: return once the state is in host memory; the writer rank writes the files in
+            the background (``io.wait_async()`` waits for them).
 
     Raises:
         TypeError, ValueError: bad arguments (before anything is written).
@@ -146,25 +149,22 @@ def save_model(
 
     tied = set(io.model_layout(model).aliases)
 
-    def write() -> None:
-        items = io.model_state_items(model, gather_dtensor)
-        try:
-            if io.is_writer():
-                _write_model(
-                    items,
-                    path,
-                    directory=shard or path.is_dir(),
-                    shard=shard,
-                    prefix=prefix,
-                    max_bytes=max_bytes,
-                    fmt=fmt,
-                    config=config,
-                    tied=tied,
-                )
-        finally:
-            drain(items)
+    directory = shard or path.is_dir()
 
-    io.run_collective_write(write, path)
+    def write(items: Iterator[tuple[str, torch.Tensor]]) -> None:
+        _write_model(
+            items,
+            path,
+            directory=directory,
+            shard=shard,
+            prefix=prefix,
+            max_bytes=max_bytes,
+            fmt=fmt,
+            config=config,
+            tied=tied,
+        )
+
+    io.collective_save(lambda: io.model_state_items(model, gather_dtensor), write, path, use_async)
 
 
 def load_model(

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kolossos.checkpoint_io._common import check_save_args, drain
+from kolossos.checkpoint_io._common import check_save_args
 from kolossos.checkpoint_io.atomic import atomic_directory
 from kolossos.checkpoint_io.backends import write_object_file
 from kolossos.checkpoint_io.errors import LoadReport
@@ -62,6 +63,7 @@ def save_optimizer(
     gather_dtensor: bool = True,
     prefix: str | None = None,
     size_per_shard: float = 1024,
+    use_async: bool = False,
 ) -> None:
     """Save ``optimizer``'s full state keyed by parameter name (see the module docstring).
 
@@ -73,6 +75,8 @@ def save_optimizer(
         gather_dtensor: gather distributed tensors into full ones (passed to the hooks).
         prefix: prepended (with a dash) to the file names in a directory.
         size_per_shard: shard size limit in MB (MiB); one parameter's state is never split.
+        use_async: return once the state is in host memory; the writer rank writes the files in
+            the background (``io.wait_async()`` waits for them).
 
     Raises:
         TypeError, ValueError: bad arguments (before anything is written).
@@ -95,24 +99,23 @@ def save_optimizer(
     if scaler is not None:  # fp16: resuming must continue with the same loss scale
         header["loss_scaler"] = scaler.state_dict()
 
-    def write() -> None:
-        states = io.optimizer_state_items(optimizer, names, gather_dtensor)
-        try:
-            if not io.is_writer():
-                return
-            if shard:
-                with atomic_directory(path, owned_optimizer_files(prefix)) as staging:
-                    save_optimizer_sharded(header, states, staging, prefix, max_bytes)
-            elif path.is_dir():
-                with atomic_directory(path, owned_optimizer_files(prefix)) as staging:
-                    target = staging / add_prefix(OPTIM_NAME, prefix)
-                    write_object_file({**header, "state": dict(states)}, target)
-            else:
-                write_object_file({**header, "state": dict(states)}, path)
-        finally:
-            drain(states)
+    directory = path.is_dir()
 
-    io.run_collective_write(write, path)
+    def write(states: Iterator[tuple[str, dict[str, Any]]]) -> None:
+        if shard:
+            with atomic_directory(path, owned_optimizer_files(prefix)) as staging:
+                save_optimizer_sharded(header, states, staging, prefix, max_bytes)
+        elif directory:
+            with atomic_directory(path, owned_optimizer_files(prefix)) as staging:
+                target = staging / add_prefix(OPTIM_NAME, prefix)
+                write_object_file({**header, "state": dict(states)}, target)
+        else:
+            write_object_file({**header, "state": dict(states)}, path)
+
+    def produce() -> Iterator[tuple[str, dict[str, Any]]]:
+        return io.optimizer_state_items(optimizer, names, gather_dtensor)
+
+    io.collective_save(produce, write, path, use_async)
 
 
 def clone_tree(obj: Any) -> Any:

@@ -14,13 +14,18 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from typing import NoReturn
 
 from kolossos.cli.launcher import multinode
 from kolossos.cli.launcher.errors import LaunchConfigError
+from kolossos.cli.launcher.limits import check_port_free
 from kolossos.cli.launcher.plan import LaunchPlan, build_plan
+from kolossos.cli.launcher.restarts import run_with_restarts
+from kolossos.cli.usage import explain_unknown
+from kolossos.launch_env import WATCHDOG_ENV
 
 PROG = "kolossos run"
 
@@ -33,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
             message = "no script given; usage: kolossos run [options] script.py [script args]"
         if "expected one argument" in message:
             message += " (to pass a value that starts with '-', write --option=VALUE)"
-        raise LaunchConfigError(message)
+        raise LaunchConfigError(explain_unknown(message, self))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--extra_launch_args", "--extra-launch-args", default=None, metavar="K=V,...",
         help="more torchrun flags: 'k=v' becomes '--k v', a bare 'k' becomes '--k'",
     )  # fmt: skip
+    p.add_argument(
+        "--max_restarts", "--max-restarts", type=int, default=0, metavar="K",
+        help="relaunch the whole job up to K times after a failure, without the nodes that no "
+        "longer answer over ssh (the script resumes from its checkpoint; default 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--watchdog", default=None, metavar="SECONDS",
+        help="end the job when a rank makes no progress for SECONDS while its peers finished or "
+        "wait for it, printing its stack (sets KOLOSSOS_WATCHDOG; default: off)",
+    )  # fmt: skip
     p.add_argument("--dry-run", "--dry_run", action="store_true",
                    help="print the command of every node and exit")  # fmt: skip
     p.add_argument("script", help="the Python script to run (it calls launch_from_torch)")
@@ -113,6 +128,8 @@ def parse_plan(argv: list[str]) -> tuple[LaunchPlan, bool]:
         ssh_config=args.ssh_config,
         ssh_options=args.ssh_option,
         extra_launch_args=args.extra_launch_args,
+        max_restarts=args.max_restarts,
+        watchdog=args.watchdog,
     )
     return plan, bool(args.dry_run)
 
@@ -141,9 +158,13 @@ def main(argv: list[str]) -> int:
             return 0
         nodes = plan.node_commands()
         multinode.check_ssh_available(nodes)
+        if plan.is_local:  # node 0's rendezvous store listens here
+            check_port_free(plan.master_port, "--master_port")
     except LaunchConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-    return multinode.run_nodes(nodes)
+    if plan.watchdog_s is not None:  # every process of the job reads it (forwarded over ssh)
+        os.environ[WATCHDOG_ENV] = f"{plan.watchdog_s:g}"
+    return run_with_restarts(plan, plan.max_restarts)

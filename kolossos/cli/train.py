@@ -11,6 +11,12 @@ Example::
     kolossos train                                   # the built-in Shakespeare GPT, 2 processes
     kolossos train examples/configs/gpt_shakespeare.py train.steps=200 --nproc_per_node 4
     kolossos train my.toml --resume                  # continue after Ctrl-C or a failure
+    kolossos train my.toml --resume=auto             # continue if there is a checkpoint
+
+Everything that can be checked without starting a process is checked first, and a problem ends
+the command with exit code 2 and one paragraph naming the value, the rule and the fix: the
+options (port, process count against this machine's cores or GPUs, ``--resume``), the whole
+configuration, the plugin's keyword values, the corpus and the sample prompt, and the run folder.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import sys
 import time
 from typing import TYPE_CHECKING, NoReturn
+
+from kolossos.cli.train_job import run_job
 
 if TYPE_CHECKING:
     from kolossos.trainer.config import TrainConfig
@@ -37,7 +44,38 @@ class _UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
+        from kolossos.cli.usage import explain_unknown
+        from kolossos.trainer.schema import all_keys
+
+        raise _UsageError(explain_unknown(message, self, all_keys()))
+
+
+#: the hidden option that ``--resume=auto`` (and ``--resume auto``) is rewritten to
+_RESUME_AUTO = "--resume-auto"
+
+
+def normalize_resume(argv: list[str]) -> list[str]:
+    """``argv`` with ``--resume=auto`` / ``--resume auto`` spelled as one internal flag.
+
+    Raises:
+        _UsageError: ``--resume=VALUE`` with any other value.
+    """
+    out: list[str] = []
+    for word in argv:
+        if word.startswith("--resume="):
+            value = word.partition("=")[2]
+            if value != "auto":
+                raise _UsageError(
+                    f"--resume={value} is not allowed: write --resume (continue from the latest "
+                    "checkpoint; an error if there is none) or --resume=auto (continue if there "
+                    "is a checkpoint, else start fresh)."
+                )
+            word = _RESUME_AUTO
+        elif word == "auto" and out and out[-1] == "--resume":
+            out[-1] = _RESUME_AUTO
+            continue
+        out.append(word)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,8 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes to start (default: the config's nproc_per_node, 2)",
     )
     p.add_argument(
-        "--resume", action="store_true", help="continue the run from its latest complete checkpoint"
+        "--resume",
+        action="store_const",
+        const="must",
+        default="no",
+        help="continue the run from its latest complete checkpoint (an error if it has none); "
+        "--resume=auto: continue if there is one, else start fresh",
     )
+    p.add_argument(_RESUME_AUTO, dest="resume", action="store_const", const="auto",
+                   help=argparse.SUPPRESS)  # fmt: skip
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -79,6 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PORT",
         help="rendezvous port (default: a free one)",
+    )
+    p.add_argument(
+        "--max_restarts",
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="after a failure, relaunch up to K times from the latest complete checkpoint "
+        "(default 0)",
+    )
+    p.add_argument(
+        "--watchdog",
+        default=None,
+        metavar="SECONDS",
+        help="end the job when a rank makes no progress for SECONDS while its peers finished or "
+        "wait for it, printing its stack (default: off)",
     )
     p.add_argument(
         "--print-config",
@@ -109,28 +170,33 @@ def _under_launcher() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _without_resume(argv: list[str]) -> list[str]:
+    words = normalize_resume([a for a in argv if not a.startswith("--resume=")])
+    return [a for a in words if a not in ("--resume", _RESUME_AUTO)]
 
 
 def resume_command(argv: list[str]) -> str:
     """The command that resumes the run started with ``argv``."""
-    kept = [a for a in argv if a not in ("--overwrite", "--resume")]
+    kept = [a for a in _without_resume(argv) if a != "--overwrite"]
     return shlex.join(["kolossos", "train", *kept, "--resume"])
 
 
 def _stopped_message(
-    code: int, paths_root: str, latest: tuple[int, object] | None, argv: list[str]
+    code: int,
+    paths_root: str,
+    latest: tuple[int, object] | None,
+    argv: list[str],
+    failure: str | None = None,
 ) -> str:
     why = (
         "it was interrupted" if code in (130, 143, 129) else f"a process failed (exit code {code})"
     )
+    if failure is not None:
+        why += f": {failure}"
     if latest is None:
         where = f"no checkpoint was completed in {paths_root} yet, so nothing can be resumed"
         return f"{PROG}: the job stopped because {why}; {where}. Start again with: " + shlex.join(
-            ["kolossos", "train", *[a for a in argv if a != "--resume"]]
+            ["kolossos", "train", *_without_resume(argv)]
         )
     return (
         f"{PROG}: the job stopped because {why}. The last complete checkpoint is {latest[1]} "
@@ -138,56 +204,123 @@ def _stopped_message(
     )
 
 
-def _launch(config_json: str, nproc: int, port: int | None, resume: bool) -> int:
-    from kolossos.cli.launcher.multinode import run_nodes
-    from kolossos.cli.launcher.plan import LaunchPlan
-    from kolossos.trainer.quiet import StderrFilter
+def _refuse_launch_flags(args: argparse.Namespace) -> None:
+    """Under a launcher the processes and the port are the launcher's: refuse ours."""
+    given = [
+        f"{flag} {value}"
+        for flag, value in (
+            ("--nproc_per_node", args.nproc_per_node),
+            ("--master_port", args.master_port),
+            ("--max_restarts", args.max_restarts or None),
+            ("--watchdog", args.watchdog),
+        )
+        if value is not None
+    ]
+    if given:
+        raise _UsageError(
+            f"{' and '.join(given)}: kolossos train runs under a launcher here (torchrun or "
+            "kolossos run set RANK and WORLD_SIZE), which starts the processes and chooses the "
+            "port. Pass these options to the launcher instead."
+        )
 
-    plan = LaunchPlan(
-        hosts=[],
-        nproc_per_node=nproc,
-        master_addr="127.0.0.1",
-        master_port=port or _free_port(),
-        script="kolossos.trainer.worker",
-        script_args=["--config", config_json, *(["--resume"] if resume else [])],
-        extra_flags=["--module"],  # torchrun runs the worker as a module: no sys.path surprises
-    )
-    env_threads = str(max(1, (os.cpu_count() or 1) // nproc))
-    os.environ.setdefault("OMP_NUM_THREADS", env_threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    with StderrFilter():
-        return run_nodes(plan.node_commands())
+
+def _job_flags(args: argparse.Namespace) -> None:
+    """Check ``--max_restarts`` and ``--watchdog``; store the watchdog time as
+    ``args.watchdog_s``."""
+    from kolossos.launch_env import parse_watchdog
+
+    if args.max_restarts < 0:
+        raise _UsageError(
+            f"--max_restarts {args.max_restarts} is invalid: it counts relaunches after a "
+            "failure; pass 0 (the default: no restart) or more."
+        )
+    try:
+        args.watchdog_s = (
+            None if args.watchdog is None else parse_watchdog(args.watchdog, "--watchdog")
+        )
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
 
 
-def _prepare(args: argparse.Namespace, rank0: bool) -> tuple[TrainConfig, RunPaths] | int:
-    """Read, validate and check the configuration and the run folder; an exit code when done."""
+def _check_processes(config: TrainConfig, from_flag: bool) -> None:
+    """The process count against this machine: its CPU cores, and its GPUs when the run uses
+    them (one device per process; NCCL refuses two processes on one device)."""
+    from kolossos.accelerator import get_accelerator
+    from kolossos.cli.launcher.errors import LaunchConfigError
+    from kolossos.cli.launcher.limits import check_nproc
+
+    nproc = config.nproc_per_node
+    what = f"--nproc_per_node {nproc}" if from_flag else f"nproc_per_node = {nproc} (the config's)"
+    try:
+        check_nproc(nproc, local=True, what=what)
+    except LaunchConfigError as exc:
+        raise _UsageError(str(exc)) from None
+    try:
+        accelerator = get_accelerator()
+    except (ValueError, RuntimeError) as exc:  # a bad KOLOSSOS_ACCELERATOR
+        raise _UsageError(str(exc)) from None
+    count = accelerator.device_count()
+    if accelerator.name != "cpu" and nproc > count:
+        raise _UsageError(
+            f"{what} starts more processes than the {count} {accelerator.name} device(s) "
+            "visible here; every process trains on a device of its own. Pass --nproc_per_node "
+            f"{count} or less, or set KOLOSSOS_ACCELERATOR=cpu to train on the CPU with gloo."
+        )
+
+
+def _check_port(port: int | None, *, free: bool) -> None:
+    from kolossos.cli.launcher.errors import LaunchConfigError
+    from kolossos.cli.launcher.limits import check_port, check_port_free
+
+    if port is None:
+        return
+    try:
+        check_port(port, "--master_port")
+        if free:
+            check_port_free(port, "--master_port")
+    except LaunchConfigError as exc:
+        raise _UsageError(f"{exc} Leave --master_port out to use a free port.") from None
+
+
+def _prepare(args: argparse.Namespace, rank0: bool) -> tuple[TrainConfig, RunPaths, bool] | int:
+    """Read and check the options, the configuration, the corpus and the run folder, and
+    decide whether the run resumes; an exit code when done (or refused)."""
     from kolossos.trainer.config_files import load_config
     from kolossos.trainer.errors import ConfigError
     from kolossos.trainer.prelaunch import (
         check_config,
+        check_data,
         check_dependencies,
         prepare_run_folder,
+        resolve_resume,
         with_nproc,
     )
     from kolossos.trainer.schema import config_to_dict
 
+    under = _under_launcher()
     try:
+        if under:
+            _refuse_launch_flags(args)
+        _job_flags(args)
+        _check_port(args.master_port, free=False)
         path, overrides = split_items(args.items)
         config = with_nproc(load_config(path, overrides), args.nproc_per_node)
-        under = _under_launcher()
+        if not under:
+            _check_processes(config, from_flag=args.nproc_per_node is not None)
         check_config(config, int(os.environ["WORLD_SIZE"]) if under else config.nproc_per_node)
         if args.print_config:
             print(json.dumps(config_to_dict(config), indent=2))
             return 0
         check_dependencies(config)
-        paths = prepare_run_folder(
-            config, resume=args.resume, overwrite=args.overwrite, write=rank0
-        )
+        resume = resolve_resume(config, args.resume, overwrite=args.overwrite)
+        check_data(config, resume=resume)
+        _check_port(args.master_port, free=True)
+        paths = prepare_run_folder(config, resume=resume, overwrite=args.overwrite, write=rank0)
     except (ConfigError, _UsageError) as exc:
         if rank0:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    return config, paths
+    return config, paths, resume
 
 
 def _train_here(config: TrainConfig, resume: bool) -> int:
@@ -212,7 +345,7 @@ def main(argv: list[str]) -> int:
     """
     t0 = time.monotonic()
     try:
-        args = build_parser().parse_intermixed_args(argv)
+        args = build_parser().parse_intermixed_args(normalize_resume(argv))
     except _UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -223,13 +356,23 @@ def main(argv: list[str]) -> int:
     prepared = _prepare(args, rank0)
     if isinstance(prepared, int):
         return prepared
-    config, paths = prepared
+    config, paths, resume = prepared
+    failure = None
     if under:
-        code = _train_here(config, args.resume)
+        code = _train_here(config, resume)
     else:
-        code = _launch(str(paths.config), config.nproc_per_node, args.master_port, args.resume)
+        outcome = run_job(
+            paths,
+            config.nproc_per_node,
+            port=args.master_port,
+            resume=resume,
+            max_restarts=args.max_restarts,
+            watchdog_s=args.watchdog_s,
+        )
+        code, failure = outcome.code, outcome.failure
     if code not in (0, 2) and rank0:
-        message = _stopped_message(code, str(paths.root), paths.latest_checkpoint(), argv)
+        latest = paths.latest_checkpoint()
+        message = _stopped_message(code, str(paths.root), latest, argv, failure)
         print(message, file=sys.stderr, flush=True)
     elif code == 0 and rank0 and not under:
         print(f"{PROG}: done in {time.monotonic() - t0:.0f} s (wall time, start-up included)")

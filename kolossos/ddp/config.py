@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,9 +45,15 @@ class TorchDDPConfig:
     """The set of used parameters and the graph never change (enables extra optimisations)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.bucket_cap_mb, bool) or not self.bucket_cap_mb > 0:
+        size = self.bucket_cap_mb
+        if isinstance(size, bool) or not isinstance(size, (int, float)):
+            raise TypeError(
+                f"bucket_cap_mb={size!r} must be a number of MiB (e.g. 25), not a "
+                f"{type(size).__name__}."
+            )
+        if not 0 < size < math.inf:
             raise ValueError(
-                f"bucket_cap_mb={self.bucket_cap_mb!r} must be a positive number of MiB (e.g. 25)."
+                f"bucket_cap_mb={size!r} must be a positive, finite number of MiB (e.g. 25)."
             )
         check_flags(self, _FLAGS)
 

@@ -121,11 +121,13 @@ class FSDPCheckpointIO(GeneralCheckpointIO):
         prefix: str | None = None,
         size_per_shard: float = 1024,
         use_safetensors: bool = False,
+        use_async: bool = False,
     ) -> None:
         """Save gathered Hugging Face files, or (see the class doc) a DCP directory, in which
-        case ``size_per_shard`` does not apply (one file per rank) and ``use_safetensors`` is
-        refused."""
+        case ``size_per_shard`` does not apply (one file per rank) and ``use_safetensors`` and
+        ``use_async`` are refused."""
         if self._use_dcp(shard, gather_dtensor, prefix):
+            _refuse_async_dcp(use_async)
             if use_safetensors:
                 raise ValueError(
                     "use_safetensors=True writes Hugging Face files; DCP checkpoints use DCP's own "
@@ -134,7 +136,9 @@ class FSDPCheckpointIO(GeneralCheckpointIO):
             save_model_dcp(self, model, checkpoint)
             return
         _reshard(unwrap_model(model))
-        super().save_model(model, checkpoint, shard, True, prefix, size_per_shard, use_safetensors)
+        super().save_model(
+            model, checkpoint, shard, True, prefix, size_per_shard, use_safetensors, use_async
+        )
 
     def load_model(
         self, model: nn.Module, checkpoint: str | os.PathLike[str], strict: bool = True
@@ -177,12 +181,17 @@ class FSDPCheckpointIO(GeneralCheckpointIO):
         gather_dtensor: bool = True,
         prefix: str | None = None,
         size_per_shard: float = 1024,
+        use_async: bool = False,
     ) -> None:
-        """Save the name-keyed optimizer format (gathered), or a DCP directory."""
+        """Save the name-keyed optimizer format (gathered), or a DCP directory (not with
+        ``use_async``)."""
         if self._use_dcp(shard, gather_dtensor, prefix):
+            _refuse_async_dcp(use_async)
             save_optimizer_dcp(self, optimizer, checkpoint)
             return
-        super().save_optimizer(optimizer, checkpoint, shard, True, prefix, size_per_shard)
+        super().save_optimizer(
+            optimizer, checkpoint, shard, True, prefix, size_per_shard, use_async
+        )
 
     def load_optimizer(self, optimizer: Any, checkpoint: str | os.PathLike[str]) -> LoadReport:
         """Load any optimizer checkpoint: DCP directories with DCP, the rest as usual."""
@@ -190,3 +199,12 @@ class FSDPCheckpointIO(GeneralCheckpointIO):
         if directory is not None:
             return load_optimizer_dcp(self, optimizer, directory)
         return super().load_optimizer(optimizer, checkpoint)
+
+
+def _refuse_async_dcp(use_async: bool) -> None:
+    if use_async:
+        raise NotImplementedError(
+            "use_async=True is not available for DCP checkpoints (checkpoint_format='dcp', or "
+            "gather_dtensor=False). Save Hugging Face files asynchronously with "
+            "checkpoint_format='hf' and gather_dtensor=True, or save DCP synchronously."
+        )

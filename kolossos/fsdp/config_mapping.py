@@ -149,6 +149,12 @@ def _mixed_precision(precision: str, mixed_precision: Any) -> dict[str, Any]:
 def _ignored(modules: Iterable[Any] | None, states: Iterable[Any] | None) -> dict[str, Any]:
     if modules is not None and states is not None:
         raise ValueError("pass ignored_modules or ignored_states, not both (as FSDP1 requires).")
+    for name, value in (("ignored_modules", modules), ("ignored_states", states)):
+        if value is not None and (isinstance(value, (str, bytes)) or not _iterable(value)):
+            raise TypeError(
+                f"{name}={value!r} must be None or a list of modules (or parameters, for "
+                "ignored_states)."
+            )
     mods = list(modules or ())
     params: list[nn.Parameter] = []
     for item in states or ():
@@ -159,6 +165,32 @@ def _ignored(modules: Iterable[Any] | None, states: Iterable[Any] | None) -> dic
         else:
             raise TypeError(f"ignored_states holds a {type(item).__name__}: pass modules/params.")
     return {"ignored_modules": tuple(mods), "ignored_params": tuple(params)}
+
+
+def _iterable(value: Any) -> bool:
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_wrap_policy(policy: Any) -> None:
+    """What :mod:`kolossos.fsdp.wrap` accepts, checked before any collective."""
+    from torch.distributed.fsdp.wrap import _Policy
+
+    if policy is None or isinstance(policy, _Policy):
+        return
+    if isinstance(policy, (set, frozenset, list, tuple)):
+        bad = [c for c in policy if not (isinstance(c, type) and issubclass(c, nn.Module))]
+        if bad:
+            raise TypeError(f"auto_wrap_policy holds {bad!r}; a collection holds Module classes.")
+        return
+    if not callable(policy) or isinstance(policy, type):
+        raise TypeError(
+            f"auto_wrap_policy={policy!r} must be None, a set of Module classes, an FSDP1 policy "
+            "(ModuleWrapPolicy, CustomPolicy) or a callable(module, recurse, nonwrapped_numel)."
+        )
 
 
 def _check_process_group(process_group: Any, device_mesh: Any, sharding: str) -> None:
@@ -255,6 +287,7 @@ def build_config(
     """
     extras = _extras(extra)
     sharding = _sharding(sharding_strategy)
+    _check_wrap_policy(auto_wrap_policy)
     _check_process_group(process_group, extras["device_mesh"], sharding)
     return TorchFSDPConfig(
         sharding=sharding,

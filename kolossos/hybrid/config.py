@@ -64,8 +64,8 @@ def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
 
 
 def _positive_number(name: str, value: Any, example: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name}={value!r} must be a positive number, e.g. {example}.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name}={value!r} must be a positive, finite number, e.g. {example}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +157,7 @@ class HybridParallelConfig:
         _positive_int("tp_size", self.tp_size)
         _positive_int("pp_size", self.pp_size)
         check_flags(self, _BOOLS)
-        if self.precision not in PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise ValueError(
                 f"precision={self.precision!r} must be one of {sorted(PRECISIONS)} "
                 "(HybridParallelPlugin controls precision; do not pass Booster(mixed_precision=))."
@@ -174,6 +174,7 @@ class HybridParallelConfig:
 
     def _check_sequence_parallel(self) -> None:
         mode = self.sequence_parallelism_mode
+        _positive_int("sp_size", self.sp_size, allow_none=True)
         if mode is not None and mode not in SP_MODES:
             raise ValueError(f"sequence_parallelism_mode={mode!r} must be one of {SP_MODES}.")
         if self.sp_size not in (None, 1):
@@ -246,6 +247,11 @@ class HybridParallelConfig:
             )
 
     def _check_numbers(self) -> None:
+        if isinstance(self.custom_policy, (str, bytes, int, float, list, tuple, dict)):
+            raise TypeError(
+                f"custom_policy={self.custom_policy!r} must be None or a ShardFormer policy "
+                f"object (e.g. GPT2Policy()), not a {type(self.custom_policy).__name__}."
+            )
         if not isinstance(self.loss_scale, LossScalePolicy):
             raise TypeError(f"loss_scale={self.loss_scale!r} must be a LossScalePolicy.")
         clip = self.max_norm

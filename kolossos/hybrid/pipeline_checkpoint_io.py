@@ -175,13 +175,16 @@ class PipelineCheckpointIO(HybridParallelCheckpointIO):
         prefix: str | None = None,
         size_per_shard: float = 1024,
         use_safetensors: bool = False,
+        use_async: bool = False,
     ) -> None:
         """Like the base class; with ``shard=True`` each stage's DP 0 / TP 0 rank writes the
         shard files of its own layers into the writer's staging directory, and the writer
-        numbers all of them and writes the one index (Hugging Face's layout)."""
-        if not shard:  # one file: the writer receives every stage's tensors (_funnel)
+        numbers all of them and writes the one index (Hugging Face's layout). ``use_async``
+        saves go through the writer like one-file saves (the same layout; every stage's tensors
+        are copied to the writer's host memory, then written in the background)."""
+        if not shard or use_async:  # the writer receives every stage's tensors (_funnel)
             return super().save_model(model, checkpoint, shard, gather_dtensor, prefix,
-                                      size_per_shard, use_safetensors)  # fmt: skip
+                                      size_per_shard, use_safetensors, use_async)  # fmt: skip
         _require_gather(gather_dtensor)
         max_bytes = check_save_args(checkpoint, size_per_shard, prefix)
         if use_safetensors:

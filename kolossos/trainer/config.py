@@ -18,6 +18,7 @@ from kolossos.trainer.errors import ConfigError
 
 __all__ = [
     "PRECISIONS",
+    "SEED_MAX",
     "TOKENIZERS",
     "CheckpointSection",
     "DataSection",
@@ -30,6 +31,9 @@ __all__ = [
 PRECISIONS = ("fp32", "bf16", "fp16")
 TOKENIZERS = ("char", "bpe")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_NAME_MAX = 255  # the longest file name most file systems take
+#: the largest seed ``torch.manual_seed`` takes
+SEED_MAX = 2**64 - 1
 
 
 def _int(obj: object, name: str, low: int, allowed: str = "") -> None:
@@ -54,7 +58,7 @@ def _float(
         bounds = f"{'>' if open_low else '>='} {low:g}" + (
             f" and <= {high:g}" if high != math.inf else ""
         )
-        raise ConfigError(name, value, allowed or f"numbers {bounds}")
+        raise ConfigError(name, value, allowed or f"finite numbers {bounds}")
     object.__setattr__(obj, name, float(value))  # TOML/JSON ints become floats
 
 
@@ -62,6 +66,12 @@ def _choice(obj: object, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(obj, name)
     if value not in choices:
         raise ConfigError(name, value, ", ".join(repr(c) for c in choices))
+
+
+def _bool(obj: object, name: str, key: str) -> None:
+    value = getattr(obj, name)
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "true or false")
 
 
 def _text(obj: object, name: str, allowed: str = "a non-empty string") -> None:
@@ -125,6 +135,10 @@ class DataSection:
         _float(self, "val_fraction", 0.0, 0.5, open_low=True, allowed="numbers in (0, 0.5]")
 
 
+#: what ``train.on_nonfinite`` accepts
+NON_FINITE_POLICIES = ("stop", "skip", "rollback")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainSection:
     """``train``: optimisation, evaluation and logging."""
@@ -157,8 +171,14 @@ class TrainSection:
     log_interval: int = 10
     """Steps between progress lines (when the output is not a terminal) and between memory
     readings of every rank."""
+    on_nonfinite: str = "stop"
+    """What a non-finite (inf/NaN) loss does: ``"stop"`` the run (naming the step, the ranks and
+    the first non-finite tensor), ``"skip"`` that step's update, or ``"rollback"`` to the latest
+    checkpoint and replay without that step. fp16 overflows are not affected: the loss scaler
+    skips them as always. A checkpoint is never written with non-finite tensors."""
 
     def __post_init__(self) -> None:
+        _choice(self, "on_nonfinite", NON_FINITE_POLICIES)
         for name in ("steps", "batch_size", "gradient_accumulation", "eval_interval"):
             _int(self, name, 1)
         _int(self, "eval_batches", 1)
@@ -189,10 +209,17 @@ class CheckpointSection:
     """Save every this many steps (the last step is always saved)."""
     keep_last: int = 2
     """Complete checkpoints to keep; older ones are deleted after a newer one is complete."""
+    async_: bool = False
+    """``checkpoint.async``: the step waits only while the state is copied to host memory;
+    the files are written in the background and the checkpoint becomes complete (visible to
+    ``--resume``, counted by ``keep_last``) once every rank's files are on disk. A crash before
+    that leaves the previous checkpoints as they were. Costs host memory for one copy of the
+    state on each writing rank."""
 
     def __post_init__(self) -> None:
         _int(self, "every", 1)
         _int(self, "keep_last", 1)
+        _bool(self, "async_", key="async")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,12 +273,22 @@ class TrainConfig:
     """See :class:`SampleSection`."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
+        if (
+            not isinstance(self.name, str)
+            or not _NAME_RE.fullmatch(self.name)
+            or len(self.name) > _NAME_MAX
+        ):
             raise ConfigError(
-                "name", self.name, "letters, digits, '.', '_' and '-' (a folder name)"
+                "name",
+                self.name,
+                f"letters, digits, '.', '_' and '-', at most {_NAME_MAX} of them (a folder name)",
             )
         _text(self, "output_dir", "a folder path")
-        _int(self, "seed", 0)
+        _int(self, "seed", 0, f"integers in [0, {SEED_MAX}] (torch's seed range)")
+        if self.seed > SEED_MAX:
+            raise ConfigError(
+                "seed", self.seed, f"integers in [0, {SEED_MAX}] (torch's seed range)"
+            )
         _int(self, "nproc_per_node", 1, "integers >= 1 (processes to start on this machine)")
         _text(self, "plugin", "a plugin name such as 'torch_ddp'")
         if not isinstance(self.plugin_kwargs, dict) or not all(

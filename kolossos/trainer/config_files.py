@@ -172,7 +172,9 @@ def _as_dict(value: Any) -> dict[str, Any]:
     import dataclasses
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        from kolossos.trainer.schema import section_keys
+
+        return {key: getattr(value, f) for key, f in section_keys(type(value)).items()}
     return {}
 
 

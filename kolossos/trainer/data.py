@@ -20,6 +20,7 @@ import torch
 
 from kolossos.trainer.config import DataSection
 from kolossos.trainer.errors import ConfigError
+from kolossos.trainer.state_files import TOKENIZER_HINT, CheckpointFileError, read_tokenizer_file
 
 __all__ = [
     "BPETokenizer",
@@ -27,7 +28,11 @@ __all__ = [
     "Corpus",
     "Tokenizer",
     "bundled_corpus",
+    "corpus_path",
     "load_corpus",
+    "read_corpus_text",
+    "saved_chars",
+    "split_point",
     "stream_seed",
 ]
 
@@ -144,8 +149,32 @@ class BPETokenizer:
         return str(self.backend.decode(ids))
 
 
-def _read_text(section: DataSection) -> tuple[str, str]:
-    path = bundled_corpus() if section.path is None else Path(section.path).expanduser()
+def corpus_path(section: DataSection) -> Path:
+    """The corpus file of ``section`` (the bundled one for ``path=None``)."""
+    return bundled_corpus() if section.path is None else Path(section.path).expanduser()
+
+
+def split_point(n_tokens: int, val_fraction: float) -> int:
+    """Tokens of a corpus of ``n_tokens`` that go to training (the rest is validation)."""
+    return int(n_tokens * (1 - val_fraction))
+
+
+def saved_chars(saved: Path) -> str | None:
+    """The characters of a run's saved character tokenizer; ``None`` without one (no file yet,
+    or a BPE tokenizer)."""
+    if not saved.is_file():
+        return None
+    data = read_tokenizer_file(saved)  # checked JSON: a damaged file is a CheckpointFileError
+    return data["chars"] if data["kind"] == "char" else None
+
+
+def read_corpus_text(section: DataSection) -> tuple[str, str]:
+    """The text of the corpus and its path.
+
+    Raises:
+        ConfigError: the file cannot be read as UTF-8 text (named as ``data.path``).
+    """
+    path = corpus_path(section)
     try:
         return path.read_text(encoding="utf-8"), str(path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -160,10 +189,17 @@ def _read_text(section: DataSection) -> tuple[str, str]:
 def _make_tokenizer(section: DataSection, text: str, saved: Path) -> Tokenizer:
     """Load the run's tokenizer from ``saved``, or build it from ``text`` and save it there."""
     if saved.is_file():
-        data = json.loads(saved.read_text(encoding="utf-8"))
+        data = read_tokenizer_file(saved)  # checked JSON: never code
         if data["kind"] == "char":
             return CharTokenizer(data["chars"])
-        return BPETokenizer.from_str(data["tokenizer"])
+        try:
+            return BPETokenizer.from_str(data["tokenizer"])
+        except ConfigError:  # the 'tokenizers' package is missing
+            raise
+        except Exception as exc:  # tokenizers raises a bare Exception for a malformed model
+            raise CheckpointFileError(
+                saved, f"not a valid 'tokenizers' BPE model: {exc}", TOKENIZER_HINT
+            ) from None
     tok: CharTokenizer | BPETokenizer
     if section.tokenizer == "char":
         tok = CharTokenizer.from_text(text)
@@ -219,7 +255,7 @@ def load_corpus(section: DataSection, block: int, tokenizer_file: Path) -> Corpu
     Raises:
         ConfigError: an unreadable file, or a corpus too short for ``block``-token windows.
     """
-    text, source = _read_text(section)
+    text, source = read_corpus_text(section)
     tokenizer = _make_tokenizer(section, text, tokenizer_file)
     try:
         ids = torch.tensor(tokenizer.encode(text), dtype=torch.int64)
@@ -230,7 +266,7 @@ def load_corpus(section: DataSection, block: int, tokenizer_file: Path) -> Corpu
             "the corpus the run's tokenizer was built from",
             hint=f"{exc} (tokenizer saved in {tokenizer_file}); start a new run name.",
         ) from None
-    split = int(len(ids) * (1 - section.val_fraction))
+    split = split_point(len(ids), section.val_fraction)
     train, val = ids[:split], ids[split:]
     if min(len(train), len(val)) < block:
         raise ConfigError(

@@ -1,8 +1,18 @@
 """The training loop over the Booster: steps, evaluation, metrics, checkpoints, clean stops.
 
-Every rank runs the same sequence of collectives: one all-reduce per step (the mean loss and
-the "stop" vote, so that a Ctrl-C seen by any rank stops all of them after the same step), one
-all-gather of memory per logged step, the evaluation all-reduce, and the checkpoint's barriers.
+Every rank runs the same sequence of collectives: one all-reduce per step (the mean loss, the
+"stop" vote, so that a Ctrl-C seen by any rank stops all of them after the same step, and the
+non-finite vote, taken before the optimizer steps), one all-gather of memory per logged step,
+the evaluation all-reduce, the checkpoint's finite check and barriers, and while an
+asynchronous checkpoint is written, one small all-reduce per step asking whether it is done.
+
+Non-finite values (``train.on_nonfinite``): a non-finite loss on any rank, or a non-finite
+gradient norm (checked when ``train.grad_clip`` computes it; in fp16 an inf norm is an overflow
+the loss scaler handles), is decided by all ranks before the optimizer steps. ``stop`` ends the
+run with the step, the ranks and the first non-finite tensor; ``skip`` drops that step's update
+(when the weights are still finite); ``rollback`` reloads the latest checkpoint and replays from
+it without the offending steps. No checkpoint is written while any tensor to be saved is
+non-finite, so rotation never removes the last finite one.
 """
 
 from __future__ import annotations
@@ -18,11 +28,23 @@ import torch.distributed as dist
 
 from kolossos.trainer.checkpoints import Checkpointer
 from kolossos.trainer.metrics import MetricsLog
+from kolossos.trainer.numerics import (
+    NonFiniteError,
+    any_rank,
+    first_nonfinite,
+    gather_offenders,
+    is_finite,
+    local_grads,
+    local_tensors,
+)
 from kolossos.trainer.progress import ProgressBar
 from kolossos.trainer.schema import config_to_dict
 from kolossos.trainer.setup import RunParts
 
-__all__ = ["RunResult", "StopFlag", "Trainer"]
+__all__ = ["MAX_ROLLBACKS", "RunResult", "StepOutcome", "StopFlag", "Trainer"]
+
+#: rollbacks one run may make before a non-finite loss stops it
+MAX_ROLLBACKS = 3
 
 
 @dataclass
@@ -54,6 +76,24 @@ class RunResult:
     """Seconds spent in training steps by this process."""
     peak_mem: list[float] = field(default_factory=list)
     """Peak memory of each rank in bytes."""
+    skipped: list[int] = field(default_factory=list)
+    """Steps whose update was dropped for a non-finite loss (``skip``, ``rollback``)."""
+    rollbacks: int = 0
+    """Times the run went back to a checkpoint (``rollback``)."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one training step decided, the same on every rank."""
+
+    loss: float
+    """The mean loss over ranks (non-finite when ``nonfinite``)."""
+    stop: bool
+    """Some rank asked to stop (a signal)."""
+    nonfinite: bool
+    """Some rank's loss, or the gradient norm, was inf or NaN: the optimizer did not step."""
+    what: str = "loss"
+    """What was non-finite: ``"loss"`` or ``"gradient norm"``."""
 
 
 def _all_reduce(values: list[float]) -> list[float]:
@@ -103,6 +143,7 @@ class Trainer:
             parts.lr_scheduler,
             parts.paths,
             self.cfg.checkpoint.keep_last,
+            asynchronous=self.cfg.checkpoint.async_,
         )
         t = self.cfg.train
         self.tokens_per_step = t.batch_size * self.cfg.model.block_size
@@ -114,6 +155,7 @@ class Trainer:
         )
         self.metrics: MetricsLog | None = None
         self.bar: ProgressBar | None = None
+        self._bad_grad: str | None = None  # this rank's first non-finite gradient, if any
 
     def say(self, text: str) -> None:
         """Print a message on rank 0."""
@@ -134,8 +176,10 @@ class Trainer:
             p.booster.backward(loss / self.cfg.train.gradient_accumulation, optimizer)
         return loss.detach().float()
 
-    def step(self, step: int) -> tuple[float, bool]:
-        """Train optimizer step ``step``; return the mean loss over ranks and the stop vote."""
+    def step(self, step: int) -> StepOutcome:
+        """Train optimizer step ``step``; the ranks agree on the mean loss, the stop vote and
+        whether any loss (or, with ``train.grad_clip``, the gradient norm) was non-finite before
+        the optimizer steps (then it does not)."""
         p, t, block = self.p, self.cfg.train, self.cfg.model.block_size
         accum = t.gradient_accumulation
         batch = p.corpus.train_batch(step, seed=self.cfg.seed, batch_size=t.batch_size, block=block)
@@ -148,13 +192,49 @@ class Trainer:
                 loss = self._forward_loss({"input_ids": x, "labels": x}, p.optimizer)
             if loss is not None:
                 total, have = total + float(loss) / accum, 1.0
-        if t.grad_clip > 0:
-            p.optimizer.clip_grad_by_norm(t.grad_clip)
+        bad_here = have > 0 and not is_finite(total)
+        bad_norm = False
+        if t.grad_clip > 0:  # (a collective for sharded plugins: every rank clips)
+            norm = float(p.optimizer.clip_grad_by_norm(t.grad_clip))
+            # fp16: an inf norm is an overflow, which the loss scaler skips as always
+            bad_norm = not is_finite(norm) and self.cfg.mixed_precision != "fp16"
+            if bad_norm:
+                self._bad_grad = first_nonfinite(local_grads(p.model))
+        loss_sum, count, votes, bad, bad_grads = _all_reduce(
+            [
+                0.0 if bad_here else total * have,
+                have,
+                float(self.stop.requested),
+                float(bad_here),
+                float(bad_norm),
+            ]
+        )
+        if bad > 0 or bad_grads > 0:  # every rank decides the same
+            p.optimizer.zero_grad()
+            if bad > 0:
+                return StepOutcome(float("nan"), votes > 0, True)
+            return StepOutcome(loss_sum / max(count, 1.0), votes > 0, True, "gradient norm")
         p.optimizer.step()
         p.optimizer.zero_grad()
         p.lr_scheduler.step()
-        loss_sum, count, votes = _all_reduce([total * have, have, float(self.stop.requested)])
-        return loss_sum / max(count, 1.0), votes > 0
+        return StepOutcome(loss_sum / max(count, 1.0), votes > 0, False)
+
+    def _offenders(self) -> tuple[bool, str]:
+        """Whether any rank holds a non-finite tensor, and each such rank's first one described
+        (a collective)."""
+        found = gather_offenders(first_nonfinite(local_tensors(self.p.model, self.p.optimizer)))
+        grads = gather_offenders(self._bad_grad)
+        self._bad_grad = None
+        if not found:
+            where = "every parameter and optimizer tensor is finite: forward or backward made it"
+            if grads:
+                where += "; " + "; ".join(
+                    f"rank {rank}: first non-finite gradient {name}" for rank, name in grads
+                )
+            return False, where
+        return True, "; ".join(
+            f"rank {rank}: first non-finite tensor {name}" for rank, name in found
+        )
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -228,18 +308,41 @@ class Trainer:
         if self.bar is not None:
             self.bar.update(step, loss, record["tokens_per_s"])
 
-    def _save(self, step: int, elapsed: float) -> Path:
+    def _save(self, step: int, elapsed: float) -> Path | None:
+        mine = first_nonfinite(local_tensors(self.p.model, self.p.optimizer))
+        if any_rank(mine is not None):  # SYNC POINT: never write a non-finite checkpoint
+            found = "; ".join(f"rank {r}: {n}" for r, n in gather_offenders(mine))
+            raise NonFiniteError(
+                f"step {step}: not writing the checkpoint: it would hold non-finite tensors "
+                f"({found}). The previous checkpoints are kept; lower train.lr or set "
+                "train.on_nonfinite='rollback'.",
+                step,
+            )
         state = {
             "elapsed_s": elapsed,
             "config": config_to_dict(self.cfg),
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         }
         folder = self.checkpointer.save(step, state)
-        self.say(f"step {step}: saved checkpoint {folder}")
+        if folder is None:
+            self.say(f"step {step}: writing the checkpoint in the background")
+        else:
+            self.say(f"step {step}: saved checkpoint {folder}")
         return folder
 
+    def _completed(self, result: RunResult, folder: Path | None) -> None:
+        """Note a checkpoint that became complete in the background."""
+        if folder is not None:
+            result.last_checkpoint = folder
+            self.say(f"checkpoint complete: {folder}")
+
     def run(self, resume: bool = False) -> RunResult:
-        """Train to ``train.steps`` (or until stopped); evaluate, log and checkpoint on the way."""
+        """Train to ``train.steps`` (or until stopped); evaluate, log and checkpoint on the way.
+
+        Raises:
+            NonFiniteError: a non-finite loss with ``on_nonfinite='stop'`` (or one that ``skip``
+                and ``rollback`` cannot handle), on every rank at the same step.
+        """
         t = self.cfg.train
         start, elapsed0 = self._begin(resume)
         latest = self.checkpointer.latest() if start else None
@@ -250,22 +353,73 @@ class Trainer:
             last_checkpoint=latest[1] if latest else None,
         )
         t0 = time.monotonic()
-        for step in range(start + 1, t.steps + 1):
+        dropped: set[int] = set()  # steps replayed without their update after a rollback
+        step = start + 1
+        while step <= t.steps:
+            if step in dropped:  # SYNC: every rank drops the same steps
+                self.say(f"step {step}: skipped (its loss was not finite before the rollback)")
+                step += 1
+                continue
             lr = float(self.p.optimizer.param_groups[0]["lr"])  # the rate this step uses
             began = time.monotonic()
-            loss, stop = self.step(step)
+            outcome = self.step(step)
             took = time.monotonic() - began
             result.train_time_s += took
+            if outcome.nonfinite:
+                step = self._nonfinite(step, outcome, result, dropped)
+                continue
             result.step = step
-            self._log_step(step, loss, lr, took, elapsed0 + time.monotonic() - t0)
-            if stop:
+            self._log_step(step, outcome.loss, lr, took, elapsed0 + time.monotonic() - t0)
+            self._completed(result, self.checkpointer.poll())
+            if outcome.stop:
                 result.interrupted = True
                 break
             if step % t.eval_interval == 0 or step == t.steps:
                 self._evaluate_and_record(step)
             if step % self.cfg.checkpoint.every == 0 or step == t.steps:
-                result.last_checkpoint = self._save(step, elapsed0 + time.monotonic() - t0)
+                result.last_checkpoint = self._save(step, elapsed0 + time.monotonic() - t0) or (
+                    result.last_checkpoint
+                )
+            step += 1
+        self._completed(result, self.checkpointer.flush())
         if self.bar is not None:
             self.bar.close()
         result.peak_mem = _gather_memory()
         return result
+
+    def _nonfinite(
+        self, step: int, outcome: StepOutcome, result: RunResult, dropped: set[int]
+    ) -> int:
+        """Apply ``train.on_nonfinite`` to a non-finite step; return the next step
+        to run (collective: every rank decides the same)."""
+        policy = self.cfg.train.on_nonfinite
+        weights_bad, where = self._offenders()
+        self._record({"kind": "nonfinite", "step": step, "policy": policy, "where": where})
+        if policy == "skip" and not weights_bad:
+            result.skipped.append(step)
+            self.say(f"step {step}: non-finite {outcome.what}, update skipped ({where})")
+            return step + 1
+        if policy == "rollback" and result.rollbacks < MAX_ROLLBACKS:
+            self._completed(result, self.checkpointer.flush())  # its tensors were finite
+            latest = self.checkpointer.latest()
+            if latest is not None:
+                self.checkpointer.load(latest[1])
+                if self.metrics is not None:
+                    self.metrics.rewind(latest[0])
+                result.rollbacks += 1
+                result.skipped.append(step)
+                dropped.add(step)
+                self.say(f"step {step}: non-finite {outcome.what} ({where}); rolled back to step "
+                         f"{latest[0]}, replaying without step {step}")  # fmt: skip
+                return latest[0] + 1
+        reason = {
+            "stop": "train.on_nonfinite='stop'",
+            "skip": "the weights themselves are non-finite, so skipping the update cannot help",
+            "rollback": f"no checkpoint to roll back to, or {MAX_ROLLBACKS} rollbacks done",
+        }[policy]
+        raise NonFiniteError(
+            f"step {step}: the {outcome.what} is not finite ({where}); stopped because {reason}. "
+            "No checkpoint holds non-finite values; resume from the last one with a lower "
+            "train.lr, or set train.on_nonfinite='skip' or 'rollback'.",
+            step,
+        )

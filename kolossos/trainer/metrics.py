@@ -48,10 +48,18 @@ class MetricsLog:
         if resume_step is not None:
             self.records = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
+        self._rewrite()
+
+    def rewind(self, step: int) -> None:
+        """Forget the records after ``step`` (a rollback replays them), in memory and on disk."""
+        self.records = [r for r in self.records if r.get("step", 0) <= step]
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r, sort_keys=True) + "\n" for r in self.records)
-        os.replace(tmp, path)
+        os.replace(tmp, self.path)
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record (flushed at once, so a crash loses at most the line being

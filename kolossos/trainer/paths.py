@@ -3,11 +3,12 @@ only, so the command line can use it without starting torch)."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kolossos.trainer.state_files import read_state_file
 
 __all__ = ["STATE_FILE", "RunPaths", "checkpoint_name", "complete_checkpoints"]
 
@@ -90,6 +91,12 @@ class RunPaths:
         return found[-1] if found else None
 
     def read_state(self, checkpoint: Path) -> dict[str, Any]:
-        """The trainer state stored in a checkpoint folder."""
-        state: dict[str, Any] = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
-        return state
+        """The trainer state stored in a checkpoint folder, checked (its ``step`` must be the
+        folder's).
+
+        Raises:
+            CheckpointFileError: :data:`STATE_FILE` is missing, not valid JSON, or not a trainer
+                state (see :func:`~kolossos.trainer.state_files.read_state_file`).
+        """
+        match = _STEP_RE.fullmatch(checkpoint.name)
+        return read_state_file(checkpoint / STATE_FILE, int(match.group(1)) if match else None)

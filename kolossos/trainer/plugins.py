@@ -2,15 +2,19 @@
 
 Plugins come from the registry :data:`kolossos.booster.plugin.PLUGINS`, so a plugin registered
 there is usable by ``kolossos train`` with no change here. Before any process starts, keyword
-names are checked against the plugin constructor's signature and the layout is checked for
-divisibility; the values themselves are checked by the plugin when the worker builds it, and its
-``TypeError``/``ValueError`` becomes a :class:`ConfigError` naming ``plugin_kwargs``.
+names are checked against the plugin constructor's signature, the values by the plugin's own
+config (:meth:`~kolossos.booster.plugin.Plugin.check_arguments`, no process group needed), and
+the layout for divisibility; the plugin checks again when the worker builds it. A refused value
+(``TypeError``/``ValueError``/``NotImplementedError``) becomes a :class:`ConfigError` naming
+``plugin_kwargs.<key>``.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import re
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +24,16 @@ if TYPE_CHECKING:
     from kolossos.booster.plugin import Plugin
     from kolossos.trainer.config import TrainConfig
 
-__all__ = ["MODEL_PARALLEL_KEYS", "Layout", "build_plugin", "check_layout", "plugin_class"]
+__all__ = [
+    "MODEL_PARALLEL_KEYS",
+    "Layout",
+    "build_plugin",
+    "check_layout",
+    "check_model_split",
+    "check_plugin_values",
+    "plugin_arguments",
+    "plugin_class",
+]
 
 #: plugin keyword arguments whose product is the model-parallel size (data parallel gets the rest)
 MODEL_PARALLEL_KEYS = ("tp_size", "pp_size", "sp_size")
@@ -148,29 +161,147 @@ def check_layout(config: TrainConfig, world_size: int, dp_size: int | None = Non
     return Layout(world_size=world_size, dp_size=dp_size, micro_batch=train.batch_size // per_step)
 
 
+def check_model_split(config: TrainConfig, layout: Layout) -> None:
+    """Check the model-parallel sizes in ``plugin_kwargs`` against the model and the batch:
+    tensor parallelism splits the attention heads; a pipeline needs a transformer block per
+    stage, takes no gradient accumulation, and splits each rank's batch into micro-batches.
+
+    Args:
+        config: the validated config (``plugin_kwargs`` values already checked by the plugin).
+        layout: what :func:`check_layout` found.
+
+    Raises:
+        ConfigError: a size the model or the batch cannot be split by.
+    """
+    kwargs, model = config.plugin_kwargs, config.model
+    tp = kwargs.get("tp_size") or 1
+    if model.n_head % tp:
+        fits = [d for d in range(1, model.n_head + 1) if model.n_head % d == 0]
+        raise ConfigError(
+            "plugin_kwargs.tp_size",
+            tp,
+            f"divisors of model.n_head={model.n_head} ({', '.join(map(str, fits))})",
+            hint="Tensor parallelism gives every process n_head / tp_size attention heads; "
+            "change plugin_kwargs.tp_size or model.n_head.",
+        )
+    pp = kwargs.get("pp_size") or 1
+    if pp == 1:
+        return
+    stages = pp * (kwargs.get("num_model_chunks") or 1)
+    if model.n_layer < stages:
+        raise ConfigError(
+            "plugin_kwargs.pp_size",
+            pp,
+            problem=f"plugin_kwargs.pp_size = {pp} with {stages // pp} model chunk(s) makes "
+            f"{stages} pipeline stages, but model.n_layer = {model.n_layer} blocks cannot fill "
+            "them (every stage needs at least one).",
+            hint=f"Set model.n_layer >= {stages}, or use fewer stages.",
+        )
+    layers = kwargs.get("num_layers_per_stage")
+    if layers is not None and sum(layers) != model.n_layer:
+        raise ConfigError(
+            "plugin_kwargs.num_layers_per_stage",
+            layers,
+            f"counts that sum to model.n_layer={model.n_layer}",
+        )
+    if config.train.gradient_accumulation > 1:
+        raise ConfigError(
+            "train.gradient_accumulation",
+            config.train.gradient_accumulation,
+            "1 with a pipeline",
+            hint=f"{config.plugin} splits each batch into micro-batches itself (see its "
+            "plugin_kwargs num_microbatches / microbatch_size).",
+        )
+    _check_micro_batches(kwargs, layout)
+
+
+def _check_micro_batches(kwargs: dict[str, Any], layout: Layout) -> None:
+    count, size = kwargs.get("num_microbatches"), kwargs.get("microbatch_size")
+    key, value = ("num_microbatches", count) if count else ("microbatch_size", size)
+    if value and layout.micro_batch % value:
+        fits = [d for d in range(1, layout.micro_batch + 1) if layout.micro_batch % d == 0]
+        raise ConfigError(
+            f"plugin_kwargs.{key}",
+            value,
+            f"divisors of {layout.micro_batch} ({', '.join(map(str, fits[-6:]))})",
+            hint=f"Each data-parallel rank trains {layout.micro_batch} sequences per step "
+            f"(train.batch_size / {layout.dp_size} data-parallel rank(s)), which the pipeline "
+            "splits evenly; change the value or train.batch_size.",
+        )
+
+
+def plugin_arguments(cls: type[Any], config: TrainConfig) -> dict[str, Any]:
+    """The keyword arguments the trainer constructs ``cls`` with: ``plugin_kwargs``, plus
+    ``mixed_precision`` as ``precision`` for plugins that control precision."""
+    kwargs = dict(config.plugin_kwargs)
+    if takes_precision(cls):
+        kwargs["precision"] = config.mixed_precision
+    return kwargs
+
+
+def _named_key(kwargs: dict[str, Any], text: str) -> str | None:
+    """The keyword a plugin's error message names first (``stage`` is not found in
+    ``zero_stage``)."""
+    found = []
+    for key in kwargs:
+        match = re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", text)
+        if match:
+            found.append((match.start(), key))
+    return min(found)[1] if found else None
+
+
+def _rejected(
+    cls: type[Any], config: TrainConfig, kwargs: dict[str, Any], exc: Exception
+) -> ConfigError:
+    """The :class:`ConfigError` for a plugin's ``TypeError``/``ValueError``/
+    ``NotImplementedError``, naming ``plugin_kwargs.<key>`` (or ``mixed_precision``)."""
+    text = str(exc)
+    named = _named_key(kwargs, text)
+    key = f"plugin_kwargs.{named}" if named else "plugin_kwargs"
+    value = kwargs[named] if named else config.plugin_kwargs
+    if named and named not in config.plugin_kwargs:  # the precision we passed
+        key, value = "mixed_precision", config.mixed_precision
+    return ConfigError(
+        key,
+        value,
+        problem=f"{key} = {value!r} was rejected by {cls.__name__}: {text}",
+        hint="Fix the value in the config file or override it on the command line.",
+    )
+
+
+#: what a plugin raises for arguments it refuses (anything else is a bug, not a config error)
+_REFUSALS = (TypeError, ValueError, NotImplementedError)
+
+
+def check_plugin_values(config: TrainConfig) -> None:
+    """Validate the plugin's keyword values without a process group (the plugin's
+    :meth:`~kolossos.booster.plugin.Plugin.check_arguments`: its engine config, built as the
+    constructor would build it).
+
+    Raises:
+        ConfigError: a value the plugin rejects, naming ``plugin_kwargs.<key>``.
+    """
+    cls = plugin_class(config.plugin)
+    kwargs = plugin_arguments(cls, config)
+    try:
+        with warnings.catch_warnings():  # advice is given once, by the plugin in the worker
+            warnings.simplefilter("ignore")
+            cls.check_arguments(**kwargs)
+    except _REFUSALS as exc:
+        raise _rejected(cls, config, kwargs, exc) from exc
+
+
 def build_plugin(config: TrainConfig) -> Plugin:
     """Construct the configured plugin (needs the process group), passing ``mixed_precision`` as
     ``precision`` to plugins that control precision.
 
     Raises:
-        ConfigError: the plugin rejected its arguments (``TypeError``/``ValueError``).
+        ConfigError: the plugin rejected its arguments (``TypeError``/``ValueError``/
+            ``NotImplementedError``).
     """
     cls = plugin_class(config.plugin)
-    kwargs = dict(config.plugin_kwargs)
-    if takes_precision(cls):
-        kwargs["precision"] = config.mixed_precision
+    kwargs = plugin_arguments(cls, config)
     try:
         return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        text = str(exc)
-        named = [k for k in kwargs if k in text]
-        key = f"plugin_kwargs.{named[0]}" if named else "plugin_kwargs"
-        value = kwargs[named[0]] if named else kwargs
-        if named and named[0] not in config.plugin_kwargs:  # the precision we passed
-            key, value = "mixed_precision", config.mixed_precision
-        raise ConfigError(
-            key,
-            value,
-            problem=f"{key} = {value!r} was rejected by {cls.__name__}: {text}",
-            hint="Fix the value in the config file or override it on the command line.",
-        ) from exc
+    except _REFUSALS as exc:
+        raise _rejected(cls, config, kwargs, exc) from exc

@@ -1,11 +1,12 @@
 """Keep torchrun's shutdown noise out of the user's terminal.
 
 When ``kolossos train`` stops a job (Ctrl-C), torch elastic logs its own shutdown and ends with
-a traceback of the ``SignalException`` it raises on purpose. None of that helps the user, whom
-``kolossos train`` tells what happened and how to resume. :class:`StderrFilter` routes the job's
-standard error (file descriptor 2, inherited by every process started inside it) through a thread
-that drops exactly those lines and passes everything else through unchanged, including the
-report torch elastic prints when a worker fails.
+a traceback of the ``SignalException`` it raises on purpose; when a worker fails, it prints a
+``ChildFailedError`` traceback and a report of exit codes. None of that helps the user, whom the
+failing rank's own report (:mod:`kolossos.trainer.failures`) and ``kolossos train`` tell what
+happened and how to resume. :class:`StderrFilter` routes the job's standard error (file
+descriptor 2, inherited by every process started inside it) through a thread that drops exactly
+those lines and passes everything else through unchanged (the workers' tracebacks included).
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from types import TracebackType
 __all__ = ["StderrFilter", "is_noise"]
 
 _ELASTIC_LOG = re.compile(
-    r"^[IW]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/elastic/.*(death signal|closing "
-    r"signal|shutting down)"
+    r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/elastic/.*(death signal|closing "
+    r"signal|shutting down|failed \(exitcode)"
 )
 _SIGNAL_EXC = "torch.distributed.elastic.multiprocessing.api.SignalException"
+_CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+_RULE = "=" * 20
 
 
 def is_noise(block: list[str]) -> bool:
     """Whether a line, or a whole traceback block, is torch elastic's shutdown noise."""
     if len(block) == 1:
         return bool(_ELASTIC_LOG.match(block[0]))
-    return block[-1].startswith(_SIGNAL_EXC)
+    return block[-1].startswith((_SIGNAL_EXC, _CHILD_FAILED))
 
 
 class StderrFilter:
@@ -43,6 +46,7 @@ class StderrFilter:
         self._saved = -1
         self._reader = -1
         self._thread: threading.Thread | None = None
+        self._report_rules = 0  # rules of torch elastic's failure report still to drop through
 
     def __enter__(self) -> StderrFilter:
         read_fd, write_fd = os.pipe()
@@ -55,9 +59,18 @@ class StderrFilter:
         return self
 
     def _emit(self, lines: list[str]) -> None:
-        if lines and not is_noise(lines):
-            with contextlib.suppress(OSError):
-                os.write(self._saved, "".join(lines).encode(errors="replace"))
+        if not lines:
+            return
+        if self._report_rules:  # inside the exit-code report that follows ChildFailedError
+            if lines[0].startswith(_RULE):
+                self._report_rules -= 1
+            return
+        if is_noise(lines):
+            if lines[-1].startswith(_CHILD_FAILED):
+                self._report_rules = 2  # the report is framed by two rules of '='
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._saved, "".join(lines).encode(errors="replace"))
 
     def _pump(self) -> None:
         block: list[str] = []

@@ -6,6 +6,7 @@ Unknown keys are errors with a "did you mean"; values are checked by the section
 from __future__ import annotations
 
 import dataclasses
+import keyword
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,14 @@ from kolossos.trainer.config import (
 )
 from kolossos.trainer.errors import ConfigError
 
-__all__ = ["SECTIONS", "all_keys", "config_from_dict", "config_to_dict", "top_level_keys"]
+__all__ = [
+    "SECTIONS",
+    "all_keys",
+    "config_from_dict",
+    "config_to_dict",
+    "section_keys",
+    "top_level_keys",
+]
 
 #: section name -> its dataclass
 SECTIONS: dict[str, type[Any]] = {
@@ -38,12 +46,22 @@ def top_level_keys() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
+def section_keys(cls: type[Any]) -> dict[str, str]:
+    """A section's keys in config files, each with its dataclass field. A field named after a
+    Python keyword carries a trailing ``_`` (``async_``); its key does not (``async``)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        bare = f.name.removesuffix("_")
+        out[bare if f.name != bare and keyword.iskeyword(bare) else f.name] = f.name
+    return out
+
+
 def all_keys() -> list[str]:
     """Every valid dotted key (``name``, ``model.n_layer``, ...), for suggestions and docs."""
     keys: list[str] = []
     for top in top_level_keys():
         if top in SECTIONS:
-            keys += [f"{top}.{f.name}" for f in dataclasses.fields(SECTIONS[top])]
+            keys += [f"{top}.{key}" for key in section_keys(SECTIONS[top])]
         else:
             keys.append(top)
     return keys
@@ -60,14 +78,15 @@ def _section(name: str, raw: Any, source: str) -> Any:
             f"a table of {name}.* keys, e.g. {name} = dict(...) in Python or [{name}] in TOML",
             source=source,
         )
-    known = [f.name for f in dataclasses.fields(cls)]
+    fields = section_keys(cls)
+    known = list(fields)
     for key in raw:
         if key not in known:
             raise ConfigError.unknown_key(
                 f"{name}.{key}", known, section=name, source=source, everywhere=all_keys()
             )
     try:
-        return cls(**dict(raw))
+        return cls(**{fields[key]: value for key, value in raw.items()})
     except ConfigError as exc:
         raise exc.prefixed(name).with_source(source) from None
 
@@ -104,4 +123,7 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "") -> TrainConfig:
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     """A JSON-ready nested dict of ``config`` (the inverse of :func:`config_from_dict`)."""
-    return dataclasses.asdict(config)
+    out = dataclasses.asdict(config)
+    for name, cls in SECTIONS.items():
+        out[name] = {key: out[name][field] for key, field in section_keys(cls).items()}
+    return out

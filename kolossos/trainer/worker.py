@@ -6,6 +6,10 @@
 starting any process. SIGINT and SIGTERM ask for a clean stop: every rank finishes the current
 step, they agree to stop through the step's all-reduce, and the process exits with 130 (the last
 complete checkpoint stays as it was). A second SIGINT interrupts at once.
+
+A rank that fails reports it (:mod:`kolossos.trainer.failures`) and exits at once, without
+entering another collective; its peers then see the connection close and leave too, so a failure
+ends the job in seconds instead of after the collective timeout.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -20,19 +25,35 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import torch.distributed as dist
 
+from kolossos.cluster.rank_failure import is_lost_peer
+from kolossos.cluster.watchdog import collective_report
 from kolossos.trainer.config import TrainConfig
 from kolossos.trainer.errors import ConfigError
+from kolossos.trainer.exit_codes import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NONFINITE,
+)
+from kolossos.trainer.failures import report_failure
 from kolossos.trainer.loop import StopFlag, Trainer
+from kolossos.trainer.numerics import NonFiniteError
+from kolossos.trainer.paths import RunPaths
 from kolossos.trainer.schema import config_from_dict
 
-__all__ = ["EXIT_CONFIG", "EXIT_INTERRUPTED", "main", "run_worker"]
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_NONFINITE",
+    "main",
+    "run_worker",
+]
 
-EXIT_CONFIG = 2
-EXIT_INTERRUPTED = 130
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
@@ -48,12 +69,6 @@ def _install_handlers(stop: StopFlag) -> dict[int, _Handler]:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
     return previous
-
-
-def _lost_peer(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    markers = ("connection", "closed by peer", "broken pipe", "timed out", "timeout")
-    return isinstance(exc, RuntimeError) and any(m in text for m in markers)
 
 
 def _start(config: TrainConfig) -> None:
@@ -115,7 +130,12 @@ def run_worker(
 
     Returns:
         0 when training finished, 130 when stopped by a signal, 2 for a configuration error
-        (printed by rank 0), 1 when another rank was lost.
+        (printed by rank 0), 3 when the numerics guard stopped the run (every rank agreed; the
+        message is printed by rank 0), 1 when another rank was lost.
+
+    Raises:
+        Exception: whatever failed on this rank, after it was reported (summary line, traceback,
+            ``RUN/.failures/rank_NNNNN.json``).
     """
     out = stream or sys.stdout
     stop = stop if stop is not None else StopFlag()
@@ -129,8 +149,13 @@ def run_worker(
         if rank == 0:
             print(f"kolossos train: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    except NonFiniteError as exc:
+        if rank == 0:
+            print(f"kolossos train: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NONFINITE
     except Exception as exc:
-        if not _lost_peer(exc) and not stop.requested:
+        if not is_lost_peer(exc) and not stop.requested:
+            report_failure(exc, rank, RunPaths.of(config.output_dir, config.name).root)
             raise
         first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
         print(
@@ -139,6 +164,9 @@ def run_worker(
             file=sys.stderr,
             flush=True,
         )
+        report = collective_report() if not stop.requested else None
+        if report:  # names the rank the others waited for
+            print(report, file=sys.stderr, flush=True)
         return 1
     finally:
         for sig, handler in previous.items():
@@ -158,19 +186,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kolossos train: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
     try:
-        return run_worker(config, args.resume)
-    finally:
-        _leave()
+        code = run_worker(config, args.resume)
+    except BaseException:  # reported by run_worker (or a second Ctrl-C): leave now
+        _abandon(EXIT_FAILED)
+    if code not in (0, EXIT_INTERRUPTED):
+        _abandon(code)  # peers may be inside another collective: do not wait for them
+    _leave()
+    return code
 
 
 def _leave() -> None:
     """Tear the process group down together: a rank that destroys its group while a peer still
-    works can die in gloo's destructors (seen as SIGABRT at exit)."""
+    works can die in gloo's destructors (seen as SIGABRT at exit). Only after a run every rank
+    ended at the same point (finished, or stopped by the agreed vote)."""
     if not dist.is_initialized():
         return
     with contextlib.suppress(Exception):  # a lost peer: nothing left to wait for
         dist.barrier()
     dist.destroy_process_group()
+
+
+def _abandon(code: int) -> NoReturn:
+    """Exit now, without collectives or destructors: the sockets close, so peers blocked in a
+    collective with this rank fail at once instead of at the timeout."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

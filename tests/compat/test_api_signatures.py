@@ -87,17 +87,21 @@ PINS: dict[str, tuple[Callable[..., Any], list[str]]] = {
         Booster.execute_pipeline,
         P("data_iter model criterion optimizer=None return_loss=True return_outputs=False"),
     ),
+    # use_async=False: appended (Colossal-AI's later releases have the same keyword).
     "Booster.save_model": (
         Booster.save_model,
         P(
             "model checkpoint shard=False gather_dtensor=True prefix=None size_per_shard=1024 "
-            "use_safetensors=False"
+            "use_safetensors=False use_async=False"
         ),
     ),
     "Booster.load_model": (Booster.load_model, P("model checkpoint strict=True")),
     "Booster.save_optimizer": (
         Booster.save_optimizer,
-        P("optimizer checkpoint shard=False gather_dtensor=True prefix=None size_per_shard=1024"),
+        P(
+            "optimizer checkpoint shard=False gather_dtensor=True prefix=None size_per_shard=1024 "
+            "use_async=False"
+        ),
     ),
     "Booster.load_optimizer": (Booster.load_optimizer, P("optimizer checkpoint")),
     "Booster.save_lr_scheduler": (Booster.save_lr_scheduler, P("lr_scheduler checkpoint")),

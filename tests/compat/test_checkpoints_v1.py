@@ -125,7 +125,12 @@ def test_a_v1_checkpoint_resumes_with_the_recorded_next_loss(name: str) -> None:
     pytest.importorskip("transformers")
     loss, scale = json.loads((FIXTURES / "expected.json").read_text())[name]
     got_loss, got_scale = spawn(_run, WORLD, mode="load", root=str(FIXTURES), name=name)[0]
-    assert got_loss == pytest.approx(loss, rel=1e-6, abs=1e-7), (name, got_loss, loss)
+    # fp16/bf16 kernels round differently on other CPUs (torch picks them by instruction set):
+    # the recorded losses are off by up to ~5e-5 relative on an AMD EPYC host. A fresh
+    # optimizer state instead of the loaded one moves the loss by ~5.5e-3 relative, 11x the
+    # low-precision tolerance.
+    rel = 1e-6 if name.endswith("fp32") else 5e-4
+    assert got_loss == pytest.approx(loss, rel=rel, abs=1e-7), (name, got_loss, loss)
     assert got_scale == scale, (name, got_scale, scale)
 
 

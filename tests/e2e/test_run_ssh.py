@@ -188,3 +188,52 @@ def test_unreachable_node_fails_fast(sshd: SshSetup, tmp_path: Path) -> None:
     result = subprocess.run(argv, cwd=tmp_path, env=job_env(), capture_output=True, text=True)
     assert result.returncode == 255, result.stderr
     assert "check the ssh setup" in result.stderr
+
+
+RESTARTER = """\
+import os, sys
+import torch, torch.distributed as dist
+import kolossos
+
+kolossos.launch_from_torch(config={}, verbose=False)
+folder, attempt, rank = sys.argv[1], int(os.environ["KOLOSSOS_RESTART_COUNT"]), dist.get_rank()
+with open(os.path.join(folder, f"attempt{attempt}.rank{rank}"), "w") as fh:
+    fh.write(str(dist.get_world_size()))
+t = torch.ones(1)
+dist.all_reduce(t)
+if attempt == 0 and rank == 2:  # node 1 "dies": from now on its ssh port is closed
+    with open(sys.argv[2], "w") as fh:
+        fh.write(sys.argv[3])
+if attempt == 0 and rank >= 2:
+    raise SystemExit(1)
+"""
+
+
+def test_a_restart_continues_without_a_node_that_is_gone(sshd: SshSetup, tmp_path: Path) -> None:
+    base = sshd.config.read_text()
+    config = tmp_path / "ssh_config"
+    alive = f"Host 127.0.0.2\n  Port {sshd.port}\nHost *\n  Port {sshd.port}\n{base}"
+    gone = f"Host 127.0.0.2\n  Port {free_port()}\nHost *\n  Port {sshd.port}\n{base}"
+    config.write_text(alive)
+    script = tmp_path / "restarter.py"
+    script.write_text(RESTARTER)
+    argv = [*kolossos_cli(), "run", "--hostfile", str(_hostfile(tmp_path))]
+    argv += ["--ssh-config", str(config), "--max_restarts", "1"]
+    argv += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    result = subprocess.run(
+        [*argv, str(script), str(tmp_path), str(config), gone],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,  # only detects a hang
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "node(s) 127.0.0.2 do not answer over ssh; continuing on 1 node(s) (2 processes)" in (
+        result.stderr
+    ), result.stderr
+    worlds = {p.name: p.read_text() for p in tmp_path.glob("attempt*")}
+    assert worlds == {
+        **{f"attempt0.rank{r}": "4" for r in range(4)},
+        **{f"attempt1.rank{r}": "2" for r in range(2)},
+    }

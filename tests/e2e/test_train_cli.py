@@ -57,18 +57,32 @@ def write_config(folder: Path, steps: int, every: int) -> Path:
     return path
 
 
-def test_config_error_starts_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["train.batch_size=7"], ["train.batch_size = 7", "multiples of 2"]),
+        # these used to fail only inside the launched workers, seconds later, as tracebacks
+        (["data.path=missing.txt"], ["data.path = 'missing.txt'", "does not exist"]),
+        (["plugin_kwargs.bucket_cap_mb=abc"], ["plugin_kwargs.bucket_cap_mb = 'abc'"]),
+        (["sample.prompt=\u20ac"], ["sample.prompt", "cannot encode"]),
+        (["--master_port", "70000"], ["--master_port 70000", "1..65535"]),
+        (["--resume"], ["no complete checkpoint", "--resume=auto"]),
+    ],
+    ids=["batch", "corpus", "plugin-value", "prompt", "port", "resume"],
+)
+def test_config_error_starts_nothing(tmp_path: Path, args: list[str], needles: list[str]) -> None:
     done = subprocess.run(
-        command("train.batch_size=7", f"output_dir={tmp_path}"),
+        command(*args, f"output_dir={tmp_path / 'runs'}"),
         cwd=tmp_path,
         env=job_env(),
         capture_output=True,
         text=True,
         timeout=HANG_S,
     )
-    assert done.returncode == 2
+    assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "train.batch_size = 7" in lines[0] and "multiples of 2" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("kolossos train: error: "), done.stderr
+    assert all(needle in lines[0] for needle in needles), lines[0]
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 

@@ -387,8 +387,13 @@ def test_full_tensors_and_states_round_trip() -> None:
     states = {n: {k: v.clone() for k, v in s.items()} for n, s in opt.full_state_items()}
     ref_names = {p: n for n, p in ref.master_model.named_parameters()}
     for p, s in ref.opt.state.items():
-        torch.testing.assert_close(states[ref_names[p]]["exp_avg"], s["exp_avg"], rtol=0.05,
-                                   atol=5e-3)  # fmt: skip
+        # bf16 gradients round differently on other CPUs (torch picks kernels by instruction
+        # set): single elements differ by up to ~7e-3, and tensors of rounding-noise size
+        # (the key bias, whose gradient is zero in exact arithmetic) by ~26% of their norm.
+        # Another parameter's state, or a fresh zero state, is off by >= 100%.
+        got, want = states[ref_names[p]]["exp_avg"], s["exp_avg"]
+        torch.testing.assert_close(got, want, rtol=0.05, atol=1e-2)
+        assert float((got - want).norm() / want.norm()) < 0.5, ref_names[p]
         assert float(states[ref_names[p]]["step"]) == float(s["step"]) == STEPS
     tensors = full_params(gemini)
     assert "lm_head.weight" not in tensors and gemini.tied_aliases() == {

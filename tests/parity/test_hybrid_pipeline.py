@@ -37,7 +37,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # gradient is rounded before it is accumulated (the reference rounds the full-batch gradient
 # once), plus TP's per-rank rounding: one or two ulps of the working dtype per step, which Adam
 # turns into up to a few learning rates for near-zero gradients.
-TOL = {"fp32": (2e-5, 2e-5), "bf16": (3e-2, 1.5e-2), "fp16": (5e-3, 5e-3)}
+# fp32 parameters: 5e-5, since on some CPUs (torch's kernels differ by instruction set) the tied
+# wte/lm_head of pp 2 x tp 2 with two accumulated parts ends 2.5e-5 from the reference in 3 of
+# 3200 elements.
+TOL = {"fp32": (2e-5, 5e-5), "bf16": (3e-2, 1.5e-2), "fp16": (5e-3, 5e-3)}
 # STEPS AdamW steps (see ``adamw``) at LR on one repeated batch move the parameters by 10x the
 # tolerances and more (assert_moved); 3 steps at lr 2e-3 moved them by 7e-3 at most, less than
 # the low-precision tolerances, so those checks passed without any step. In low precision (eps

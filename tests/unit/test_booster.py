@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import re
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    TensorDataset,
+)
 
 import kolossos
 from kolossos.booster import Booster
+from kolossos.booster.booster import UnshardedDataWarning
 from kolossos.booster.mixed_precision import (
     BF16MixedPrecision,
     FP16ApexMixedPrecision,
@@ -15,7 +28,7 @@ from kolossos.booster.mixed_precision import (
     FP16TorchMixedPrecision,
     mixed_precision_factory,
 )
-from kolossos.booster.plugin import TorchDDPPlugin, get_plugin_class
+from kolossos.booster.plugin import Plugin, TorchDDPPlugin, get_plugin_class
 from kolossos.interface import ModelWrapper, OptimizerWrapper
 from kolossos.testing.parity import TinyMLP
 
@@ -170,3 +183,126 @@ def test_master_weight_optimizer_is_keyed_by_parameter_name(tmp_path: object) ->
     assert sorted(n for group in names for n in group) == sorted(
         n for n, _ in model.named_parameters()
     )
+
+
+# --------------------------------------------------------------------------- boost's contract
+class _LayoutPlugin(Plugin):
+    """A data-parallel layout without a process group; ``configure`` passes everything through
+    and records that it ran (the contract checks must come before it)."""
+
+    def __init__(self, dp_size: int, dp_rank: int) -> None:
+        self.dp_size, self.dp_rank = dp_size, dp_rank
+        self.configured = False
+
+    def supported_devices(self) -> list[str]:
+        return ["cpu", "cuda"]
+
+    def supported_precisions(self) -> list[str]:
+        return ["fp32"]
+
+    def control_precision(self) -> bool:
+        return False
+
+    def control_device(self) -> bool:
+        return False
+
+    def support_no_sync(self) -> bool:
+        return False
+
+    def configure(self, model: Any, optimizer: Any = None, criterion: Any = None,
+                  dataloader: Any = None, lr_scheduler: Any = None) -> Any:  # fmt: skip
+        self.configured = True
+        return model, optimizer, criterion, dataloader, lr_scheduler
+
+    def control_checkpoint_io(self) -> bool:
+        return False
+
+    def get_checkpoint_io(self) -> Any:
+        raise NotImplementedError
+
+    def no_sync(self, model: Any, optimizer: Any = None) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def prepare_dataloader(self, dataset: Any, batch_size: int, *args: Any, **kw: Any) -> Any:
+        sampler = DistributedSampler(dataset, num_replicas=self.dp_size, rank=self.dp_rank)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+
+
+def _dataset() -> TensorDataset:
+    return TensorDataset(torch.randn(16, 16), torch.randint(0, 8, (16,)))
+
+
+def test_optimizer_over_another_models_parameters_is_refused() -> None:
+    model, other = TinyMLP(), TinyMLP()
+    shape = re.escape(str(list(next(other.parameters()).shape)))
+    booster = Booster(mixed_precision="fp16_naive")  # checked before precision touches anything
+    stranger = rf"param_groups\[0\]\.params\[0\] \(shape {shape}, float32\) is not a parameter"
+    for opt in (torch.optim.SGD(other.parameters(), lr=0.1),
+                OptimizerWrapper(torch.optim.SGD(other.parameters(), lr=0.1))):  # fmt: skip
+        with pytest.raises(ValueError, match=stranger) as info:
+            booster.boost(model, opt)  # type: ignore[arg-type]
+        assert "model.parameters()" in str(info.value)
+    extra = nn.Parameter(torch.zeros(3))
+    groups = [{"params": list(model.parameters())}, {"params": [extra]}]
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\.params\[0\] \(shape \[3\]"):
+        booster.boost(model, torch.optim.SGD(groups, lr=0.1))
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # nothing was cast
+    _, o, *_ = booster.boost(model, torch.optim.SGD(model.parameters(), lr=0.1))  # not marked
+    assert o is not None
+
+
+def test_lr_scheduler_must_drive_the_boosted_optimizer() -> None:
+    model, opt = _objects()
+    elsewhere = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(elsewhere, step_size=1)
+    plugin = _LayoutPlugin(1, 0)
+    with pytest.raises(ValueError, match=r"lr_scheduler \(StepLR\) is bound to another optimizer"):
+        Booster(plugin=plugin).boost(model, opt, lr_scheduler=sched)
+    assert not plugin.configured
+    wrapped = OptimizerWrapper(opt)  # an already wrapped optimizer: its inner one counts
+    good = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    *_, s = Booster(plugin=plugin).boost(model, wrapped, lr_scheduler=good)  # type: ignore
+    assert s is good and plugin.configured
+
+
+def test_distributed_sampler_must_match_the_plugin_layout() -> None:
+    data = _dataset()
+    wrong = [
+        DataLoader(data, batch_size=2, sampler=DistributedSampler(data, num_replicas=4, rank=3)),
+        DataLoader(data, batch_sampler=BatchSampler(
+            DistributedSampler(data, num_replicas=2, rank=0), batch_size=2, drop_last=False)),
+    ]  # fmt: skip
+    for loader in wrong:
+        plugin = _LayoutPlugin(dp_size=2, dp_rank=1)
+        model, opt = _objects()
+        with pytest.raises(ValueError, match=r"num_replicas=\d, rank=\d, but _LayoutPlugin") as e:
+            Booster(plugin=plugin).boost(model, opt, dataloader=loader)
+        assert "dp_size=2" in str(e.value) and "dp_rank=1" in str(e.value)
+        assert "plugin.prepare_dataloader" in str(e.value)
+        assert not plugin.configured  # refused before the plugin did anything
+    plugin = _LayoutPlugin(dp_size=2, dp_rank=1)
+    model, opt = _objects()
+    loader = plugin.prepare_dataloader(data, batch_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        *_, got, _ = Booster(plugin=plugin).boost(model, opt, dataloader=loader)
+    assert got is loader
+
+
+class _Stream(IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(4))
+
+
+def test_plain_sampler_with_several_replicas_warns() -> None:
+    data = _dataset()
+    model, opt = _objects()
+    with pytest.warns(UnshardedDataWarning, match=r"RandomSampler.*dp_size=2.*same batches"):
+        Booster(plugin=_LayoutPlugin(2, 0)).boost(
+            model, opt, dataloader=DataLoader(data, shuffle=True)
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Booster(plugin=_LayoutPlugin(1, 0)).boost(TinyMLP(), dataloader=DataLoader(data))
+        Booster(plugin=_LayoutPlugin(2, 0)).boost(TinyMLP(), dataloader=DataLoader(_Stream()))
+        Booster().boost(TinyMLP(), dataloader=DataLoader(data))  # no plugin: one process

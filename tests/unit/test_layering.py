@@ -54,6 +54,8 @@ LAYERS: dict[str, int] = {
 #: the imports allowed between two packages of one layer (the order inside a layer)
 SIDEWAYS = {
     ("cluster", "accelerator"),
+    ("cluster", "launch_env"),  # the watchdog's environment variable
+    ("initialize", "cluster"),  # heartbeat, flight recorder and failure hook of each rank
     ("utils", "accelerator"),
     ("utils", "_lazy"),
     ("initialize", "accelerator"),

@@ -61,6 +61,8 @@ class GeminiPlugin(DPPluginBase):
         >>> model, optimizer, criterion, _, _ = booster.boost(model, optimizer, criterion)
     """
 
+    config_factory = GeminiConfig
+
     def __init__(
         self,
         chunk_config_dict: dict[Any, Any] | None = None,

@@ -58,6 +58,8 @@ class HybridParallelPlugin(DPPluginBase):
         ... # doctest: +SKIP
     """
 
+    config_factory = HybridParallelConfig
+
     def __init__(
         self,
         tp_size: int,

@@ -51,6 +51,8 @@ class LowLevelZeroPlugin(DPPluginBase):
         >>> model, optimizer, criterion, _, _ = booster.boost(model, optimizer, criterion)
     """
 
+    config_factory = LowLevelZeroConfig
+
     def __init__(
         self,
         stage: int = 1,

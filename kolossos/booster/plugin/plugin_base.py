@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 import torch.nn as nn
@@ -69,6 +70,39 @@ class Plugin(ABC):
     """The number of data-parallel replicas (the processes that see different data)."""
     dp_rank: int
     """This process's data-parallel rank, in ``[0, dp_size)``."""
+    config_factory: ClassVar[Callable[..., Any] | None] = None
+    """The engine config class (or mapping function) the constructor builds with
+    :func:`config_from_arguments`; ``None`` for a plugin without one, whose
+    :meth:`check_arguments` then checks the keyword names only."""
+
+    @classmethod
+    def check_arguments(cls, **kwargs: Any) -> Any:
+        """Validate constructor keywords without a process group, as the constructor would.
+
+        The constructor's defaults are applied to ``kwargs`` and the result goes through
+        :func:`config_from_arguments` with :attr:`config_factory`: the same checks, and the same
+        messages, as ``cls(**kwargs)`` before its first collective. Checks that need the process
+        group or the device (world-size divisibility, the current device) are left to the
+        constructor. ``kolossos train`` calls this before it starts any process.
+
+        Returns:
+            The engine config the constructor would build, or ``None`` without
+            :attr:`config_factory`.
+
+        Raises:
+            TypeError: an unknown or missing keyword, or a value of the wrong type (named).
+            ValueError: a value out of range (named).
+            NotImplementedError: an option this implementation does not provide (named).
+
+        Example:
+            >>> TorchDDPPlugin.check_arguments(bucket_cap_mb=10).bucket_cap_mb  # doctest: +SKIP
+            10
+        """
+        bound = inspect.signature(cls.__init__).bind(None, **kwargs)  # None stands for self
+        bound.apply_defaults()
+        if cls.config_factory is None:
+            return None
+        return config_from_arguments(cls.config_factory, bound.arguments)
 
     @abstractmethod
     def supported_devices(self) -> list[str]:

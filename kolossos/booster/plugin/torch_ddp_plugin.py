@@ -33,6 +33,8 @@ class TorchDDPPlugin(DPPluginBase):
         ...                                                       dataloader)  # doctest: +SKIP
     """
 
+    config_factory = TorchDDPConfig
+
     def __init__(
         self,
         broadcast_buffers: bool = True,

@@ -80,6 +80,8 @@ class TorchFSDPPlugin(DPPluginBase):
         ...     model, optimizer, criterion)  # doctest: +SKIP
     """
 
+    config_factory = staticmethod(build_config)
+
     def __init__(
         self,
         process_group: Any = None,

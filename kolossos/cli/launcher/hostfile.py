@@ -8,8 +8,9 @@ Hostfile format (one node per line)::
     10.0.0.7 slots=4
 
 ``slots=N`` is the only option a line may carry (the OpenMPI / DeepSpeed spelling). A host may
-appear only once. Host names must look like a DNS name or an IP address: this keeps a hostfile from
-smuggling ssh options (``-oProxyCommand=...``) or shell syntax into the launch commands.
+appear only once (names are compared without case, addresses in canonical form). Host names must
+look like a DNS name or an IP address: this keeps a hostfile from smuggling ssh options
+(``-oProxyCommand=...``) or shell syntax into the launch commands.
 """
 
 from __future__ import annotations
@@ -70,6 +71,16 @@ def validate_hostname(name: str, *, what: str = "host") -> str:
     )
 
 
+def host_key(host: str) -> str:
+    """The identity of a host name for duplicate checks: DNS names ignore case and a final
+    dot, IP addresses are compared in their canonical form (``0::1`` is ``::1``)."""
+    address, sep, zone = host.partition("%")
+    try:
+        return ipaddress.ip_address(address).compressed + sep + zone
+    except ValueError:
+        return host.lower().rstrip(".")
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names the loopback interface (``localhost``, ``127.x.y.z``, ``::1``)."""
     if host.lower().rstrip(".") in _LOOPBACK_NAMES:
@@ -107,7 +118,7 @@ def parse_hostfile_text(text: str, *, source: str = "hostfile") -> list[HostEntr
         LaunchConfigError: for a malformed line, a duplicate host or a file without hosts.
     """
     entries: list[HostEntry] = []
-    seen: dict[str, int] = {}
+    seen: dict[str, tuple[str, int]] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -123,13 +134,16 @@ def parse_hostfile_text(text: str, *, source: str = "hostfile") -> list[HostEntr
                     "write a single 'slots=N'."
                 )
             slots = _parse_slots(option, where=where, host=host)
-        if host in seen:
+        key = host_key(host)
+        if key in seen:
+            first, line_no = seen[key]
+            same = "" if first == host else f" (as {first!r}: host names ignore case)"
             raise LaunchConfigError(
-                f"{where}: host {host!r} is listed twice (first on line {seen[host]}); each node "
-                "may appear once. Remove the duplicate line ($PBS_NODEFILE repeats a host per "
-                "slot: write 'sort -u $PBS_NODEFILE > hostfile')."
+                f"{where}: host {host!r} is listed twice{same} (first on line {line_no}); each "
+                "node may appear once. Remove the duplicate line ($PBS_NODEFILE repeats a host "
+                "per slot: write 'sort -u $PBS_NODEFILE > hostfile')."
             )
-        seen[host] = lineno
+        seen[key] = (host, lineno)
         entries.append(HostEntry(host=host, slots=slots))
     if not entries:
         raise LaunchConfigError(
@@ -184,10 +198,14 @@ def parse_name_list(value: str, *, what: str) -> list[str]:
         )
     for name in names:
         validate_hostname(name, what=f"{what}: host")
-    duplicates = sorted({name for name in names if names.count(name) > 1})
+    keys = [host_key(name) for name in names]
+    duplicates = sorted(
+        {name for name, key in zip(names, keys, strict=True) if keys.count(key) > 1}
+    )
     if duplicates:
         raise LaunchConfigError(
-            f"{what} {value!r} repeats {', '.join(duplicates)}; list each host once."
+            f"{what} {value!r} repeats {', '.join(duplicates)}; list each host once (host names "
+            "ignore case)."
         )
     return names
 
@@ -214,15 +232,19 @@ def select_hosts(
             "to list the hosts to run on, or --exclude to list the hosts to skip."
         )
     known = [entry.host for entry in entries]
+    keys = {host_key(host) for host in known}
     for flag, names in (("--include", include), ("--exclude", exclude)):
-        unknown = [name for name in names if name not in known]
+        unknown = [name for name in names if host_key(name) not in keys]
         if unknown:
             raise LaunchConfigError(
                 f"{flag} names {', '.join(map(repr, unknown))}, which the hostfile does not list "
                 f"(it lists {', '.join(known)}); fix the name or add the host to the hostfile."
             )
+    wanted, skipped = {host_key(h) for h in include}, {host_key(h) for h in exclude}
     chosen = [
-        e for e in entries if (not include or e.host in include) and e.host not in set(exclude)
+        e
+        for e in entries
+        if (not include or host_key(e.host) in wanted) and host_key(e.host) not in skipped
     ]
     if not chosen:
         raise LaunchConfigError(

@@ -19,6 +19,8 @@ from kolossos.cli.launcher.hostfile import (
     select_hosts,
     validate_hostname,
 )
+from kolossos.cli.launcher.limits import check_nproc, check_port
+from kolossos.launch_env import parse_watchdog
 
 #: Seconds a node's guard waits between SIGTERM and SIGKILL when stopping its processes.
 GUARD_GRACE_S = 5.0
@@ -63,6 +65,13 @@ class LaunchPlan:
     """``ssh -F``; ``None`` uses ``~/.ssh/config``."""
     ssh_options: list[str] = field(default_factory=list)
     """Extra ``ssh -o`` options."""
+    master_chosen: bool = False
+    """Whether ``--master_addr`` was given (else it follows the first node on restarts)."""
+    max_restarts: int = 0
+    """Relaunches of the whole job after a failure (``--max_restarts``)."""
+    watchdog_s: float | None = None
+    """The progress watchdog's time in seconds (``--watchdog``); ``None``: the environment's
+    ``KOLOSSOS_WATCHDOG``, if any."""
     python: str = field(default_factory=lambda: sys.executable)
     """The Python that runs torchrun and the script, on every node."""
     cwd: str = field(default_factory=os.getcwd)
@@ -105,12 +114,6 @@ class LaunchPlan:
             )
             nodes.append(NodeCommand(host=host, node_rank=rank, argv=argv, remote=True))
         return nodes
-
-
-def _check_port(value: int, flag: str) -> int:
-    if not 1 <= value <= 65535:
-        raise LaunchConfigError(f"{flag} {value} is not a TCP port; pass a number in 1..65535.")
-    return value
 
 
 def _resolve_hosts(
@@ -206,6 +209,8 @@ def build_plan(
     ssh_config: str | None = None,
     ssh_options: Sequence[str] = (),
     extra_launch_args: str | None = None,
+    max_restarts: int = 0,
+    watchdog: str | None = None,
 ) -> LaunchPlan:
     """Check every ``kolossos run`` value and return the plan; nothing is started here.
 
@@ -216,10 +221,17 @@ def build_plan(
         host=host, hostfile=hostfile, include=include, exclude=exclude, num_nodes=num_nodes
     )
     nproc = _resolve_nproc(nproc_per_node, hosts)
+    here = not hosts or any(is_local_host(entry.host) for entry in hosts)  # a node runs here
+    given = (
+        f"--nproc_per_node {nproc}"
+        if nproc_per_node is not None
+        else f"the hostfile's slots={nproc}"
+    )
+    check_nproc(nproc, local=here, what=given)
     master = _resolve_master(master_addr, hosts)
-    _check_port(master_port, "--master_port")
+    check_port(master_port, "--master_port")
     if ssh_port is not None:
-        _check_port(ssh_port, "--ssh-port")
+        check_port(ssh_port, "--ssh-port")
     if ssh_config is not None and not os.path.isfile(ssh_config):
         raise LaunchConfigError(
             f"--ssh-config {ssh_config!r} is not a file; pass the path of an ssh_config file."
@@ -231,11 +243,25 @@ def build_plan(
                 "--ssh-option ConnectTimeout=10."
             )
     extra = cmd.parse_extra_launch_args(extra_launch_args)
+    if os.path.isdir(script):
+        raise LaunchConfigError(
+            f"script {script!r} is a folder, not a Python file; pass the path of the script to "
+            "run (e.g. its train.py)."
+        )
     if not os.path.isfile(script):
         raise LaunchConfigError(
             f"script {script!r} does not exist (looked in {os.getcwd()}); pass the path of the "
             "Python script to run, relative to the current directory or absolute."
         )
+    if max_restarts < 0:
+        raise LaunchConfigError(
+            f"--max_restarts {max_restarts} is invalid: it counts relaunches after a failure; "
+            "pass 0 (the default: no restart) or more."
+        )
+    try:
+        watchdog_s = None if watchdog is None else parse_watchdog(watchdog, "--watchdog")
+    except ValueError as exc:
+        raise LaunchConfigError(str(exc)) from None
     return LaunchPlan(
         hosts=hosts,
         nproc_per_node=nproc,
@@ -247,4 +273,7 @@ def build_plan(
         ssh_port=ssh_port,
         ssh_config=ssh_config,
         ssh_options=list(ssh_options),
+        master_chosen=master_addr is not None,
+        max_restarts=max_restarts,
+        watchdog_s=watchdog_s,
     )

@@ -47,6 +47,8 @@ def _device(name: str, value: object) -> torch.device | None:
     if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
         raise TypeError(f"{name}={value!r} must be None, a torch.device, a str or an int.")
     if isinstance(value, int):  # the documents pass torch.cuda.current_device(), an index
+        if value < 0:
+            raise ValueError(f"{name}={value!r} must be a device index >= 0 (or None).")
         return torch.device("cuda", value)
     try:
         return torch.device(value)
@@ -126,7 +128,7 @@ class GeminiConfig:
         )
         self._check_placement()
         self._check_chunks()
-        if self.precision not in GEMINI_PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in GEMINI_PRECISIONS:
             raise ValueError(
                 f"precision={self.precision!r} must be one of {sorted(GEMINI_PRECISIONS)}; "
                 "GeminiPlugin controls precision, so do not pass Booster(mixed_precision=)."

@@ -57,7 +57,7 @@ class LowLevelZeroConfig:
                 3: "use GeminiPlugin or TorchFSDPPlugin for ZeRO stage 3",
             }.get(self.stage if isinstance(self.stage, int) else -1, "pass 1 or 2")
             raise ValueError(f"stage={self.stage!r}: LowLevelZeroPlugin supports 1 and 2; {hint}.")
-        if self.precision not in PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise ValueError(
                 f"precision={self.precision!r} must be one of {sorted(PRECISIONS)} "
                 "(LowLevelZeroPlugin controls precision; do not pass Booster(mixed_precision=))."
@@ -67,10 +67,10 @@ class LowLevelZeroConfig:
             raise ValueError(f"max_norm={clip!r} must be a finite number >= 0 (0: no clipping).")
         check_norm_type(self.norm_type)
         size = self.reduce_bucket_size_in_m
-        if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0:
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size < 1e308:
             raise ValueError(
-                f"reduce_bucket_size_in_m={size!r} must be a positive number of millions of "
-                "elements, e.g. 12."
+                f"reduce_bucket_size_in_m={size!r} must be a positive, finite number of millions "
+                "of elements, e.g. 12."
             )
         if self.communication_dtype is not None and self.communication_dtype not in COMM_DTYPES:
             raise ValueError(
