@@ -100,8 +100,14 @@ class Heartbeat:
         return self
 
     def finish(self) -> None:
-        """Publish ``finished`` and stop (at exit, or when the process group is torn down)."""
+        """Stop the thread and publish ``finished`` (registered to run at exit).
+
+        The thread is joined first: a daemon thread still inside a store request while the
+        interpreter tears its objects down would abort the process.
+        """
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=_STORE_TIMEOUT.total_seconds() + 5)
         with contextlib.suppress(Exception):
             self.publish("finished")
 

@@ -34,7 +34,6 @@ from kolossos.trainer.numerics import (
     first_nonfinite,
     gather_offenders,
     is_finite,
-    local_grads,
     local_tensors,
 )
 from kolossos.trainer.progress import ProgressBar
@@ -155,7 +154,7 @@ class Trainer:
         )
         self.metrics: MetricsLog | None = None
         self.bar: ProgressBar | None = None
-        self._bad_grad: str | None = None  # this rank's first non-finite gradient, if any
+        self._bad_norm: float | None = None  # the non-finite gradient norm of this step
 
     def say(self, text: str) -> None:
         """Print a message on rank 0."""
@@ -198,8 +197,8 @@ class Trainer:
             norm = float(p.optimizer.clip_grad_by_norm(t.grad_clip))
             # fp16: an inf norm is an overflow, which the loss scaler skips as always
             bad_norm = not is_finite(norm) and self.cfg.mixed_precision != "fp16"
-            if bad_norm:
-                self._bad_grad = first_nonfinite(local_grads(p.model))
+            if bad_norm:  # (clipping by a non-finite norm made every gradient non-finite)
+                self._bad_norm = norm
         loss_sum, count, votes, bad, bad_grads = _all_reduce(
             [
                 0.0 if bad_here else total * have,
@@ -223,14 +222,12 @@ class Trainer:
         """Whether any rank holds a non-finite tensor, and each such rank's first one described
         (a collective)."""
         found = gather_offenders(first_nonfinite(local_tensors(self.p.model, self.p.optimizer)))
-        grads = gather_offenders(self._bad_grad)
-        self._bad_grad = None
+        norm, self._bad_norm = self._bad_norm, None
+        norms = gather_offenders(None if norm is None else str(norm))
         if not found:
             where = "every parameter and optimizer tensor is finite: forward or backward made it"
-            if grads:
-                where += "; " + "; ".join(
-                    f"rank {rank}: first non-finite gradient {name}" for rank, name in grads
-                )
+            if norms:
+                where = "; ".join(f"rank {r}: gradient norm {n}" for r, n in norms) + "; " + where
             return False, where
         return True, "; ".join(
             f"rank {rank}: first non-finite tensor {name}" for rank, name in found

@@ -25,7 +25,6 @@ __all__ = [
     "first_nonfinite",
     "gather_offenders",
     "is_finite",
-    "local_grads",
     "local_tensors",
 ]
 
@@ -62,14 +61,6 @@ def local_tensors(model: torch.nn.Module, optimizer: Any) -> Iterator[tuple[str,
             for key, value in optim.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor):
                     yield f"{where} state {key!r}", _local(value)
-
-
-def local_grads(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(parameter name, gradient)`` for every gradient this rank holds on the model's
-    parameters (sharding engines may keep theirs elsewhere: those are not seen)."""
-    for name, param in unwrap_model(model).named_parameters():
-        if param.grad is not None:
-            yield f"{name} (gradient)", _local(param.grad.detach())
 
 
 def first_nonfinite(tensors: Iterable[tuple[str, torch.Tensor]]) -> str | None:

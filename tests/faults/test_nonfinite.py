@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from transformers import GPT2LMHeadModel  # noqa: F401  (imported once, before forking)
 
 import kolossos.trainer.worker as worker
+from kolossos.interface import unwrap_model
 from kolossos.testing import distributed
 from kolossos.trainer import load_config
 from kolossos.trainer.loop import Trainer
@@ -161,3 +162,82 @@ def test_skip_cannot_help_non_finite_weights_so_it_stops_naming_the_tensor(
         text = err.getvalue()
         assert "rank 1: first non-finite tensor" in text and "wte.weight" in text, text
         assert "skipping the update cannot help" in text, text
+
+
+# Plugins whose constructor needs an argument the default config does not give.
+NEEDS = {"hybrid_parallel": ["plugin_kwargs.tp_size=2"]}
+
+
+@pytest.mark.parametrize(
+    ("plugin", "precision"),
+    [
+        ("torch_ddp", "bf16"),
+        ("torch_ddp", "fp16"),
+        ("low_level_zero", "fp32"),
+        ("low_level_zero", "bf16"),
+        ("gemini", "bf16"),
+        ("torch_fsdp", "fp32"),
+        ("hybrid_parallel", "fp32"),
+    ],
+)
+@distributed(2)
+def test_every_plugin_and_precision_stops_at_a_nan_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plugin: str, precision: str
+) -> None:
+    _inject_nan(monkeypatch, at_step=3, on_rank=1, times=1)
+    config = _config(
+        tmp_path, f"plugin={plugin}", f"mixed_precision={precision}", *NEEDS.get(plugin, [])
+    )
+    assert run_worker(config, stream=io.StringIO(), install_signals=False) == EXIT_NONFINITE
+    paths = RunPaths.of(str(tmp_path), "run")
+    assert _train_steps(paths) == [1, 2]
+    assert _all_finite_on_disk(paths) == [2]
+
+
+@distributed(2)
+def test_an_fp16_overflow_is_still_skipped_and_rescaled_not_stopped(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        "plugin=low_level_zero",
+        "mixed_precision=fp16",
+        f"plugin_kwargs.initial_scale={2.0**32}",  # the first steps overflow fp16
+    )
+    assert run_worker(config, stream=io.StringIO(), install_signals=False) == 0
+    paths = RunPaths.of(str(tmp_path), "run")
+    assert _train_steps(paths) == list(range(1, 9))
+    assert not [r for r in read_metrics(paths.metrics) if r["kind"] == "nonfinite"]
+    assert _all_finite_on_disk(paths) == [6, 8]
+
+
+@distributed(2)
+def test_a_nan_gradient_on_one_rank_is_caught_by_the_norm_and_skipped_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class NanGradient(Trainer):
+        _now = 0
+
+        def step(self, step: int) -> Any:
+            self._now = step
+            return super().step(step)
+
+        def _forward_loss(self, batch: Any, optimizer: Any) -> torch.Tensor | None:
+            loss = super()._forward_loss(batch, optimizer)  # backward done: gradients reduced
+            if self._now == 3 and dist.get_rank() == 1:
+                params = dict(unwrap_model(self.p.model).named_parameters())
+                grad = params["transformer.h.0.mlp.c_fc.bias"].grad
+                grad[0] = float("nan")  # a corrupted gradient, the loss still finite
+            return loss
+
+    monkeypatch.setattr(worker, "Trainer", NanGradient)
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    out = io.StringIO()
+    config = _config(tmp_path, "train.on_nonfinite=skip")
+    assert run_worker(config, stream=out, install_signals=False) == 0
+    paths = RunPaths.of(str(tmp_path), "run")
+    assert _train_steps(paths) == [1, 2, 4, 5, 6, 7, 8]  # both ranks dropped step 3
+    assert _all_finite_on_disk(paths) == [6, 8]
+    if dist.get_rank() == 0:
+        text = out.getvalue()
+        assert "step 3: non-finite gradient norm, update skipped" in text, text
+        assert "(rank 1: gradient norm nan; every parameter and optimizer tensor is finite" in text
