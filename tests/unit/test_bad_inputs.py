@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from test_train_config import _FakePlugin
 
-from kolossos.booster.plugin import PLUGINS, Plugin
+from kolossos.booster.plugin import PLUGINS
 from kolossos.booster.plugin.plugin_base import config_from_arguments
 from kolossos.cli import run as run_cli
 from kolossos.cli import train as train_cli
@@ -464,43 +465,16 @@ class _RejectsBf16Config:
             raise ValueError(f"precision={precision!r} is not supported by this engine")
 
 
-class _StrictPlugin(Plugin):
+class _StrictPlugin(_FakePlugin):
     """A registered third-party plugin whose engine refuses bf16 (only its constructor runs)."""
 
     config_factory = _RejectsBf16Config
 
-    def __init__(self, width: int = 1, precision: str = "fp32") -> None:
+    def __init__(self, width: int = 1, precision: str = "fp32") -> None:  # type: ignore[override]
         self.config = config_from_arguments(_RejectsBf16Config, locals())
-
-    def supported_devices(self) -> list[str]:
-        return ["cpu"]
 
     def supported_precisions(self) -> list[str]:
         return ["fp32"]
-
-    def control_precision(self) -> bool:
-        return True
-
-    def control_device(self) -> bool:
-        return True
-
-    def support_no_sync(self) -> bool:
-        return False
-
-    def control_checkpoint_io(self) -> bool:
-        return False
-
-    def configure(self, *args: Any, **kwargs: Any) -> Any:
-        return args
-
-    def get_checkpoint_io(self) -> Any:
-        return None
-
-    def no_sync(self, *args: Any, **kwargs: Any) -> Any:
-        return None
-
-    def prepare_dataloader(self, *args: Any, **kwargs: Any) -> Any:
-        return None
 
 
 def test_the_precision_the_trainer_passes_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
