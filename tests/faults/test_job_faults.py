@@ -181,7 +181,7 @@ def test_with_max_restarts_a_killed_rank_costs_only_the_steps_since_the_checkpoi
     finished: Path, tmp_path: Path
 ) -> None:
     out = _copy(finished, tmp_path)
-    args = ["train.steps=14", "--resume", "--max_restarts", "1"]
+    args = ["train.steps=60", "--resume", "--max_restarts", "1"]  # killed long before the end
     killed = _kill_a_rank(out, args, lambda ls: _trained(ls, 10))
     print(
         f"\nrank killed, --max_restarts 1: the job went on and ended {killed.after_s:.1f} s later"
@@ -189,12 +189,13 @@ def test_with_max_restarts_a_killed_rank_costs_only_the_steps_since_the_checkpoi
     assert killed.code == 0, killed.output
     text = killed.output
     assert "the job failed with exit code 1; restart 1 of 1" in text, text
-    assert re.search(r"restarting from .*step_0000(09|06) \(step (9|6)\)", text), text
-    assert "finished 14 steps" in text, text
+    resumed = re.search(r"restarting from \S*step_0*(\d+) \(step (\d+)\)", text)
+    assert resumed and resumed[1] == resumed[2] and int(resumed[1]) >= 9, text  # every 3 steps
+    assert "finished 60 steps" in text, text
     steps = [
         r["step"] for r in read_metrics(out / "tiny" / "metrics.jsonl") if r["kind"] == "train"
     ]
-    assert steps == list(range(1, 15))  # the replayed steps replace the lost ones
+    assert steps == list(range(1, 61))  # the replayed steps replace the lost ones
 
 
 def test_a_rank_killed_during_an_async_save_keeps_the_previous_checkpoint(
