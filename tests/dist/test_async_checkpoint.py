@@ -28,7 +28,7 @@ from kolossos.trainer.metrics import read_metrics
 from kolossos.trainer.paths import RunPaths, complete_checkpoints
 from kolossos.trainer.worker import EXIT_INTERRUPTED, run_worker
 
-from test_train_resume import REQUIRED_KWARGS, TINY, StopAfter, losses
+from test_train_resume import StopAfter, losses, run_configs
 
 PLUGINS = {
     "torch_ddp": lambda: TorchDDPPlugin(),
@@ -123,20 +123,7 @@ def test_a_failed_background_write_is_named_and_keeps_nothing_half_written(
 def test_an_async_run_stops_and_resumes_like_a_synchronous_one(
     tmp_path: Path, plugin: str
 ) -> None:
-    configs = {
-        name: load_config(
-            None,
-            [
-                *TINY,
-                f"output_dir={tmp_path}",
-                f"name={name}",
-                f"plugin={plugin}",
-                f"checkpoint.async={name != 'sync'}",
-                *REQUIRED_KWARGS.get(plugin, []),
-            ],
-        )
-        for name in ("sync", "async")
-    }
+    configs = run_configs(tmp_path, plugin, {"sync": [], "async": ["checkpoint.async=true"]})
     quiet = io.StringIO()
     assert run_worker(configs["sync"], stream=quiet, install_signals=False) == 0
     code = run_worker(configs["async"], stream=quiet, install_signals=False, stop=StopAfter(5))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -67,23 +68,17 @@ def losses(paths: RunPaths) -> list[tuple[str, int, float]]:
 REQUIRED_KWARGS = {"hybrid_parallel": ["plugin_kwargs.tp_size=2"]}
 
 
+def run_configs(tmp_path: Path, plugin: str, runs: dict[str, list[str]]) -> dict[str, Any]:
+    """One tiny config per run name (with that run's extra overrides), all under ``tmp_path``."""
+    common = [*TINY, f"output_dir={tmp_path}", f"plugin={plugin}", *REQUIRED_KWARGS.get(plugin, [])]
+    return {name: load_config(None, [*common, f"name={name}", *extra]) for name, extra in runs.items()}
+
+
 @pytest.mark.parametrize("plugin", sorted(PLUGINS))  # every registered plugin
 @distributed(2)
 def test_stop_and_resume_equals_uninterrupted(tmp_path: Path, plugin: str) -> None:
     rank = dist.get_rank()
-    configs = {
-        name: load_config(
-            None,
-            [
-                *TINY,
-                f"output_dir={tmp_path}",
-                f"name={name}",
-                f"plugin={plugin}",
-                *REQUIRED_KWARGS.get(plugin, []),
-            ],
-        )
-        for name in ("straight", "resumed")
-    }
+    configs = run_configs(tmp_path, plugin, {"straight": [], "resumed": []})
     quiet = io.StringIO()
     assert run_worker(configs["straight"], stream=quiet, install_signals=False) == 0
     code = run_worker(
