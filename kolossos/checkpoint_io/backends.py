@@ -168,7 +168,8 @@ def read_object_file(path: str | os.PathLike[str], mmap: bool = False) -> Any:
     return _torch_load(file, mmap=mmap)
 
 
-def _safe_open(file: Path) -> Any:
+def safe_open_file(file: Path) -> Any:
+    """``safetensors.safe_open`` of ``file`` (CPU tensors), with a clear error for a bad file."""
     st = require_safetensors()
     try:
         return st.safe_open(str(file), framework="pt", device="cpu")
@@ -185,7 +186,7 @@ def read_tensor_infos(path: str | os.PathLike[str]) -> dict[str, TensorInfo]:
     """
     file = Path(path)
     if sniff_format(file) == SAFETENSORS:
-        with _safe_open(file) as f:
+        with safe_open_file(file) as f:
             out: dict[str, TensorInfo] = {}
             for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
                 sl = f.get_slice(name)
@@ -207,7 +208,7 @@ def read_tensor_file(
     file = Path(path)
     wanted = None if names is None else set(names)
     if sniff_format(file) == SAFETENSORS:
-        with _safe_open(file) as f:
+        with safe_open_file(file) as f:
             keys = [k for k in f.keys() if wanted is None or k in wanted]  # noqa: SIM118
             try:
                 return {k: f.get_tensor(k) for k in keys}

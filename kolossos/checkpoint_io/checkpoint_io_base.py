@@ -44,6 +44,7 @@ from kolossos.checkpoint_io.backends import read_object_file, write_object_file
 from kolossos.checkpoint_io.errors import CheckpointError, LoadReport
 from kolossos.checkpoint_io.optim_format import named_param_groups
 from kolossos.checkpoint_io.param_names import unwrap_optimizer
+from kolossos.checkpoint_io.read_plan import ReadPlan
 from kolossos.checkpoint_io.state_check import ModelLayout
 
 __all__ = ["CheckpointIO"]
@@ -174,7 +175,14 @@ class CheckpointIO(ABC):
 
     @abstractmethod
     def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
-        """Copy a piece of the full state (validated names and shapes) into ``model``."""
+        """Copy a piece of the full state (validated names and shapes) into ``model``; an
+        entry :meth:`model_read_plan` selected arrives as the selected part."""
+
+    def model_read_plan(self, model: nn.Module) -> ReadPlan:
+        """What this rank reads of each stored tensor when loading ``model`` (see
+        :mod:`~kolossos.checkpoint_io.read_plan`); the default, ``{}``, reads everything whole.
+        Sharded engines override it so that a rank reads about its own shard only."""
+        return {}
 
     # ------------------------------------------------------------------ hooks: optimizer
     @abstractmethod

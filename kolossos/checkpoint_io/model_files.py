@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from kolossos.checkpoint_io.atomic import readable_directory
-from kolossos.checkpoint_io.backends import TensorInfo, read_tensor_file, read_tensor_infos
+from kolossos.checkpoint_io.backends import TensorInfo, read_tensor_infos
 from kolossos.checkpoint_io.errors import CheckpointError, CheckpointNotFoundError
 from kolossos.checkpoint_io.index import (
     CONFIG_NAME,
@@ -33,6 +33,7 @@ from kolossos.checkpoint_io.index import (
     add_prefix,
     shard_name_pattern,
 )
+from kolossos.checkpoint_io.read_plan import ReadPlan, read_selected
 
 __all__ = ["ModelSource", "find_model_checkpoint", "model_file_names", "owned_model_files"]
 
@@ -100,17 +101,23 @@ class ModelSource:
             out.update(infos)
         return out
 
-    def iter_pieces(self, names: Iterable[str]) -> Iterator[dict[str, torch.Tensor]]:
-        """Yield the wanted tensors file by file (one file's worth in memory at a time)."""
+    def iter_pieces(
+        self, names: Iterable[str], plan: ReadPlan | None = None
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield the wanted tensors file by file (one file's worth in memory at a time), read
+        as ``plan`` selects (:mod:`~kolossos.checkpoint_io.read_plan`); a file of which the plan
+        wants nothing is not opened."""
         wanted = set(names)
+        if plan:
+            wanted -= {n for n, selector in plan.items() if selector is None}
         for file in self.files():
             if self.index is not None:
                 in_file = [n for n in self.index.names_in(file.name) if n in wanted]
                 if not in_file:
                     continue
-                yield read_tensor_file(file, in_file)
+                yield read_selected(file, in_file, plan)
             else:
-                yield read_tensor_file(file, wanted)
+                yield read_selected(file, wanted, plan)
 
 
 def _prefixed(directory: Path, base: str) -> list[Path]:

@@ -193,7 +193,7 @@ def load_model(
     found = source.infos()
     report, wanted = compare_model_state(io.model_layout(model), found)
     finish_report(report, "model", source.path, strict)
-    for piece in source.iter_pieces(wanted):
+    for piece in source.iter_pieces(wanted, io.model_read_plan(model)):
         io.load_model_piece(model, piece)
         del piece
     return report

@@ -26,9 +26,11 @@ def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     """Identity of the memory a tensor views; ``None`` when it has none (empty, meta, ...)."""
     local = getattr(tensor, "_local_tensor", tensor)  # DTensor: its local shard
     try:
-        ptr = local.untyped_storage().data_ptr()
+        storage = local.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
+    # meta tensors (a lazily built model) have no address: the storage object tells aliases
+    ptr = storage._cdata if local.is_meta else storage.data_ptr()
     if ptr == 0 or local.numel() == 0:
         return None
     return (

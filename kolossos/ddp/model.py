@@ -9,6 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from kolossos.accelerator import get_accelerator
 from kolossos.ddp.config import TorchDDPConfig
 from kolossos.interface import ModelWrapper
+from kolossos.lazy import materialize_on
 
 __all__ = ["TorchDDPModel"]
 
@@ -27,6 +28,7 @@ class TorchDDPModel(ModelWrapper):
         self, module: nn.Module, config: TorchDDPConfig, group: dist.ProcessGroup | None
     ) -> None:
         accelerator = get_accelerator()
+        materialize_on(module, accelerator.get_current_device(), group)  # COLLECTIVE if lazy
         module = module.to(accelerator.get_current_device())
         device_ids = [accelerator.current_device()] if accelerator.name != "cpu" else None
         super().__init__(

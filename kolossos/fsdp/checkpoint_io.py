@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from kolossos.checkpoint_io import GeneralCheckpointIO, LoadReport
+from kolossos.checkpoint_io.read_plan import ReadPlan, Selector, narrow_selector
 from kolossos.checkpoint_io.state_check import unique_tensors
 from kolossos.fsdp.dcp import _reshard, find_dcp_directory, load_model_dcp, save_model_dcp
 from kolossos.fsdp.dcp_optimizer import load_optimizer_dcp, save_optimizer_dcp
@@ -40,28 +41,59 @@ def shard_like(value: Any, target: Any) -> Any:
         not isinstance(target, DTensor)
         or not isinstance(value, torch.Tensor)
         or isinstance(value, DTensor)
-        or tuple(value.shape) != tuple(target.shape)
     ):
         return value
-    mesh = target.device_mesh
-    coordinate = mesh.get_coordinate()
-    assert coordinate is not None, "a rank outside the mesh holds a shard"
-    local = value
-    for mesh_dim, placement in enumerate(target.placements):
-        if placement.is_shard():
-            dim = placement.dim  # type: ignore[attr-defined]
-            pieces = torch.chunk(local, mesh.size(mesh_dim), dim=dim)
-            index = coordinate[mesh_dim]
-            local = pieces[index] if index < len(pieces) else local.narrow(dim, 0, 0)
     home = target.to_local()
+    if tuple(value.shape) == tuple(target.shape):
+        local = value
+        for dim, start, stop in _shard_ranges(target):
+            local = local.narrow(dim, start, stop - start)
+    elif tuple(value.shape) == tuple(home.shape):  # already this rank's shard (a read plan)
+        local = value
+    else:
+        return value
     return DTensor.from_local(
         local.to(home.device),
-        mesh,
+        target.device_mesh,
         target.placements,
         run_check=False,
         shape=target.shape,
         stride=target.stride(),
     )
+
+
+def _shard_ranges(target: Any) -> list[tuple[int, int, int]]:
+    """``(dim, start, stop)`` of this rank's shard of DTensor ``target`` in the full tensor
+    (``torch.chunk`` semantics along each sharded dimension, as DTensor and FSDP2 cut)."""
+    mesh = target.device_mesh
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None, "a rank outside the mesh holds a shard"
+    shape = list(target.shape)
+    ranges: list[tuple[int, int, int]] = []
+    for mesh_dim, placement in enumerate(target.placements):
+        if not placement.is_shard():
+            continue
+        dim = placement.dim
+        size = shape[dim]
+        step = -(-size // mesh.size(mesh_dim)) if size else 0
+        start = min(coordinate[mesh_dim] * step, size)
+        stop = min(start + step, size)
+        ranges.append((dim, start, stop))
+        shape[dim] = stop - start
+    return ranges
+
+
+def shard_read_plan(module: nn.Module) -> ReadPlan:
+    """Read only this rank's rows of every DTensor entry of ``module``'s state dict."""
+    from torch.distributed.tensor import DTensor
+
+    plan: dict[str, Selector | None] = {}
+    for name, target in module.state_dict(keep_vars=True).items():
+        if isinstance(target, DTensor):
+            ranges = _shard_ranges(target)
+            if len({dim for dim, _, _ in ranges}) == len(ranges) == 1:
+                plan[name] = narrow_selector(ranges)
+    return plan
 
 
 def _distinct(tensor: torch.Tensor, index: int) -> torch.Tensor:
@@ -166,6 +198,10 @@ class FSDPCheckpointIO(GeneralCheckpointIO):
             if hasattr(value, "full_tensor"):
                 value = _distinct(value.full_tensor(), index)  # collective
             yield name, value
+
+    def model_read_plan(self, model: nn.Module) -> ReadPlan:
+        """Read only this rank's ``fully_shard`` rows of each sharded tensor."""
+        return shard_read_plan(unwrap_model(model))
 
     def place(self, value: Any, target: Any) -> Any:
         """This rank's shard of a full tensor (:func:`shard_like`), on the device (and in the

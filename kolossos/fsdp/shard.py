@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from kolossos.fsdp.config import TorchFSDPConfig
 from kolossos.fsdp.wrap import Unit, plan_units
+from kolossos.lazy import lazy_named_tensors, replay_tensors
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -99,9 +100,62 @@ def _set_prefetch(units: list[Unit], config: TorchFSDPConfig) -> None:
         current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
 
 
-def _materialise(model: nn.Module, config: TorchFSDPConfig, device: torch.device) -> None:
-    """Allocate a meta-device model's (sharded) states and initialise them."""
+def _fill_lazy(
+    model: nn.Module, lazy: list[tuple[str, torch.Tensor]], group: dist.ProcessGroup | None
+) -> None:
+    """Give the (allocated, sharded) states of a lazily built model their values: replay the
+    construction once and copy this rank's shard of each full value (COLLECTIVE: every rank
+    uses rank 0's random states, so the values equal an eager build broadcast from rank 0)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    targets = [_state(model, name) for name, _ in lazy]
+
+    def receive(index: int, full: torch.Tensor) -> None:
+        target = targets[index]
+        with torch.no_grad():
+            if isinstance(target, DTensor):
+                mine = distribute_tensor(
+                    full, target.device_mesh, target.placements, src_data_rank=None
+                )
+                target.to_local().copy_(mine.to_local())
+            else:
+                target.copy_(full)
+
+    replay_tensors([t for _, t in lazy], receive, group)
+
+
+def _state(model: nn.Module, name: str) -> torch.Tensor:
+    owner_path, _, attr = name.rpartition(".")
+    owner = model.get_submodule(owner_path) if owner_path else model
+    tensor = getattr(owner, attr)
+    assert isinstance(tensor, torch.Tensor), name
+    return tensor
+
+
+def _materialise(
+    model: nn.Module,
+    config: TorchFSDPConfig,
+    device: torch.device,
+    lazy: list[tuple[str, torch.Tensor]],
+    group: dist.ProcessGroup | None,
+) -> None:
+    """Allocate a meta-device model's (sharded) states and initialise them: from the record of
+    a lazily built model, else with ``param_init_fn`` or each module's ``reset_parameters``."""
+    real = {  # to_empty re-allocates every state; a lazy model's real ones are kept
+        name: t.detach().clone()
+        for name, t in itertools.chain(model.named_parameters(), model.named_buffers())
+        if lazy and not t.is_meta
+    }
     model.to_empty(device=torch.device("cpu") if config.offload_params else device)
+    with torch.no_grad():
+        for name, value in real.items():
+            target = _state(model, name)
+            (target.to_local() if hasattr(target, "to_local") else target).copy_(value)
+    if lazy:
+        if config.param_init_fn is not None:
+            _log.warning("param_init_fn is not called for a lazily built model: it is replayed.")
+        _fill_lazy(model, lazy, group)
+        return
     if config.param_init_fn is not None:
         config.param_init_fn(model)
         return
@@ -127,7 +181,10 @@ def shard_model(
     from torch.distributed.fsdp import fully_shard
 
     meta = any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
-    if config.sync_module_states:
+    lazy = list(lazy_named_tensors(model))  # the records survive fully_shard's new parameters
+    if config.sync_module_states and lazy:
+        _log.info("sync_module_states: a lazily built model is replayed with rank 0's seed.")
+    elif config.sync_module_states:
         if meta:
             raise ValueError(
                 "sync_module_states=True needs materialised parameters on every rank, but the "
@@ -174,7 +231,7 @@ def shard_model(
     )
     _set_prefetch(units, config)
     if meta:
-        _materialise(model, config, device)
+        _materialise(model, config, device, lazy, group)
     return units
 
 

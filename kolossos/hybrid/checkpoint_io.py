@@ -26,7 +26,7 @@ With pipeline parallelism the plugin uses the subclass
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from kolossos.accelerator import get_accelerator
 from kolossos.checkpoint_io.checkpoint_io_base import CheckpointIO
 from kolossos.checkpoint_io.optim_format import load_group_hyperparameters
 from kolossos.checkpoint_io.param_names import positional_name
+from kolossos.checkpoint_io.read_plan import ReadPlan, Selector, narrow_selector
 from kolossos.checkpoint_io.state_check import ModelLayout
 from kolossos.hybrid.optimizer import HYBRID_OPTIMIZERS
 from kolossos.interface import ParamOwners, ParamStateOwner, unwrap_model
@@ -45,6 +46,7 @@ from kolossos.nn.layer.parallel_1d.sharding import (
     gather_tp_full,
     get_tp_spec,
     slice_tp_shard,
+    tp_shard_pieces,
 )
 from kolossos.pipeline.shared import is_pp_duplicate
 
@@ -136,9 +138,24 @@ class HybridParallelCheckpointIO(CheckpointIO):
         local = ModelLayout.of_state_dict(state)
         return ModelLayout({n: _full_shape(t) for n, t in state.items()}, local.aliases)
 
+    def model_read_plan(self, model: nn.Module) -> ReadPlan:
+        """Read only this rank's tensor-parallel slice of each sharded tensor."""
+        state = unwrap_model(model).state_dict(keep_vars=True)
+        return self._tp_selectors(state.items())
+
+    def _tp_selectors(self, items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Selector]:
+        plan: dict[str, Selector] = {}
+        for name, target in items:
+            spec = get_tp_spec(target)
+            if spec is not None:
+                pieces, pad = tp_shard_pieces(spec, self._tp_rank())
+                plan[name] = narrow_selector(pieces, pad)
+        return plan
+
     def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
-        """Cut this rank's TP shard of each full tensor and load it (working weights and, at
-        full precision, the master copy)."""
+        """Load this rank's TP shard of each tensor (read as :meth:`model_read_plan` selects,
+        or cut here from a full tensor) into the working weights and, at full precision, the
+        master copy."""
         module = unwrap_model(model)
         targets = module.state_dict(keep_vars=True)
         self._load_pairs([(name, targets[name]) for name in piece], piece, module)
@@ -156,7 +173,9 @@ class HybridParallelCheckpointIO(CheckpointIO):
             for name, target in pairs:
                 full = piece[name]
                 spec = get_tp_spec(target)
-                value = slice_tp_shard(full, spec, self._tp_rank()) if spec is not None else full
+                value = full
+                if spec is not None and tuple(full.shape) == spec.full_shape:
+                    value = slice_tp_shard(full, spec, self._tp_rank())
                 owner = self.owners.owner_of(target)
                 if owner is not None:
                     owner.load_full_param(target, value.to(target.device))

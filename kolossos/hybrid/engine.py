@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.optim import Optimizer
 
+from kolossos.accelerator import get_accelerator
 from kolossos.amp import ConstantGradScaler, DynamicGradScaler
 from kolossos.hybrid.checkpoint_io import HybridParallelCheckpointIO
 from kolossos.hybrid.config import HybridParallelConfig, check_world
@@ -45,6 +46,7 @@ from kolossos.hybrid.sharding import (
 )
 from kolossos.hybrid.zero_optimizer import HybridZeroOptimizer
 from kolossos.interface import ModelWrapper, OptimizerWrapper, ParamOwners
+from kolossos.lazy import LazyInitContext, materialize_on
 
 __all__ = ["HybridParallelEngine", "build_optimizer"]
 
@@ -116,9 +118,11 @@ class HybridParallelEngine:
         if optimizer is not None:
             check_fresh(optimizer, names)
         c = self.config
-        sharded = shard_model(model, c, self.mesh.tp_group)
+        with LazyInitContext.resume(model):  # a lazy model's shards are cut on its record
+            sharded = shard_model(model, c, self.mesh.tp_group)
         if self.pipeline is not None:
             return self._boost_pipeline(self.pipeline, sharded, optimizer, names)
+        materialize_on(sharded, get_accelerator().get_current_device())  # COLLECTIVE if lazy
         ddp = c.ddp_config() if c.zero_stage == 0 and self.mesh.dp_size > 1 else None
         wrapped = HybridParallelModule(sharded, c.dtype, ddp, self.mesh.dp_group)
         module = wrapped.unwrap()
@@ -137,6 +141,8 @@ class HybridParallelEngine:
         """This rank's stage chunks, tied copies registered (made equal), and the optimizer
         re-pointed at (only) the parameters this rank holds."""
         chunks = pipeline.split(sharded, self.config.custom_policy)  # collective (tied groups)
+        # a lazy model: only this stage's (tensor-parallel) shards are computed (COLLECTIVE)
+        materialize_on(chunks, get_accelerator().get_current_device())
         pipeline.check_tied_supported()
         pipeline.register_tied()  # collective of each tied group
         wrapped = HybridPipelineModule(chunks, self.config.dtype, pipeline)

@@ -49,6 +49,7 @@ from kolossos.checkpoint_io.model_files import model_file_names, owned_model_fil
 from kolossos.checkpoint_io.model_io import hf_config_json
 from kolossos.checkpoint_io.optim_files import find_optimizer_checkpoint
 from kolossos.checkpoint_io.optim_format import match_optimizer
+from kolossos.checkpoint_io.read_plan import ReadPlan, Selector
 from kolossos.checkpoint_io.state_check import ModelLayout, finish_report
 from kolossos.hybrid.checkpoint_io import HybridParallelCheckpointIO, _gather, _require_gather
 from kolossos.hybrid.pipeline_runtime import PipelineRuntime
@@ -119,14 +120,32 @@ class PipelineCheckpointIO(HybridParallelCheckpointIO):
         layout: ModelLayout = self.pipeline.full_layout
         return layout
 
-    def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
-        """Load the entries this stage holds (a tied copy under its partner's name)."""
-        aliases = self.pipeline.full_layout.aliases
-        local = [
+    def _local_entries(self, model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+        return [
             (n, t)
             for chunk in unwrap_model(model).children()
             for n, t in chunk.state_dict(keep_vars=True).items()
         ]
+
+    def model_read_plan(self, model: nn.Module) -> ReadPlan:
+        """Read this stage's entries only (their tensor-parallel slices); skip the others."""
+        aliases = self.pipeline.full_layout.aliases
+        local = self._local_entries(model)
+        canonical = {aliases.get(n, n) for n, _ in local}
+        needed = {n for n in self.pipeline.full_layout.shapes if aliases.get(n, n) in canonical}
+        plan: dict[str, Selector | None] = {
+            n: None for n in self.pipeline.full_layout.shapes if n not in needed
+        }
+        for name, selector in self._tp_selectors(local).items():
+            for stored in needed:
+                if aliases.get(stored, stored) == aliases.get(name, name):
+                    plan[stored] = selector
+        return plan
+
+    def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
+        """Load the entries this stage holds (a tied copy under its partner's name)."""
+        aliases = self.pipeline.full_layout.aliases
+        local = self._local_entries(model)
         pairs = [(aliases.get(n, n), t) for n, t in local if aliases.get(n, n) in piece]
         self._load_pairs(pairs, piece, None)
 

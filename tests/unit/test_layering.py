@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "nn": 1,
     "pipeline": 1,
     "shardformer": 1,
+    "lazy": 1,
     # 2 - the engines (each owns its config and checkpoint IO)
     "ddp": 2,
     "fsdp": 2,

@@ -93,7 +93,7 @@ class LowLevelZeroPlugin(DPPluginBase):
         dataloader: DataLoader[Any] | None = None,
         lr_scheduler: LRScheduler | None = None,
     ) -> Boosted:
-        wrapped = LowLevelZeroModel(model, self.config.dtype)
+        wrapped = LowLevelZeroModel(model, self.config.dtype, self.dp_group)
         zero: LowLevelZeroOptimizer | None = None
         if optimizer is not None:
             inner = optimizer.unwrap() if isinstance(optimizer, OptimizerWrapper) else optimizer

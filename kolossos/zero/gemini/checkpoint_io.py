@@ -28,6 +28,7 @@ from kolossos.checkpoint_io._common import boosted
 from kolossos.checkpoint_io.errors import CheckpointError
 from kolossos.checkpoint_io.optim_format import load_group_hyperparameters
 from kolossos.checkpoint_io.param_names import unwrap_optimizer
+from kolossos.checkpoint_io.read_plan import ReadPlan
 from kolossos.checkpoint_io.state_check import ModelLayout
 from kolossos.zero.gemini.gemini_ddp import GeminiDDP
 from kolossos.zero.gemini.gemini_optimizer import GeminiOptimizer
@@ -66,6 +67,10 @@ class GeminiCheckpointIO(CheckpointIO):
         """Global shapes of every state-dict name (tied names included) and the tied names."""
         ddp = _ddp(model)
         return ModelLayout(dict(ddp.full_shapes()), dict(ddp.tied_aliases()))
+
+    def model_read_plan(self, model: nn.Module) -> ReadPlan:
+        """Skip the parameters that lie wholly in other ranks' chunk shards."""
+        return dict.fromkeys(_ddp(model).names_not_held())
 
     def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
         """Each rank copies its slice of every tensor into its chunk shards (no communication)."""

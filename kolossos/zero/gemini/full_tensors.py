@@ -69,6 +69,16 @@ class FullTensorIO:
         """``{alias: first name}`` of tied parameters."""
         return dict(self._aliases)
 
+    def names_not_held(self) -> list[str]:
+        """State-dict names (tied aliases included) of the parameters of which this rank holds
+        nothing: outside its shard of a chunk that is not kept gathered. Loading skips them."""
+        skip = set()
+        for name, param in self._by_name.items():
+            chunk, info = self.manager.locate(param)
+            if chunk.payload is None and local_range(chunk, info) is None:
+                skip.add(name)
+        return sorted(skip | {a for a, kept in self._aliases.items() if kept in skip})
+
     def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Parameters chunk by chunk (fp32, COLLECTIVE), then buffers."""
         for chunk in self.manager:

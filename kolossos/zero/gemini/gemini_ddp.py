@@ -27,11 +27,14 @@ import torch.nn as nn
 from kolossos.accelerator import get_accelerator
 from kolossos.amp import cast_floating
 from kolossos.interface import ModelWrapper
+from kolossos.lazy import is_lazy, lazy_named_tensors
 from kolossos.zero.gemini.chunk import ChunkManager, search_chunk_configuration, unique_params
 from kolossos.zero.gemini.full_tensors import FullTensorIO
 from kolossos.zero.gemini.gemini_hooks import GeminiHooks
+from kolossos.zero.gemini.lazy_chunks import fill_chunks_lazily
 from kolossos.zero.gemini.placement.factory import create_placement_policy
 from kolossos.zero.gemini.placement.static import StaticPlacementPolicy
+from kolossos.zero.gemini.saved_payloads import payload_saving_hooks
 
 __all__ = ["GeminiDDP"]
 
@@ -116,7 +119,9 @@ class GeminiDDP(ModelWrapper):
         self.force_outputs_fp32 = force_outputs_fp32
         self.pin_memory = pin_memory
         self.process_group = process_group
-        self._prepare_module(module, compute)
+        lazy = list(lazy_named_tensors(module))  # built in a LazyInitContext: filled by replay
+        if not lazy:
+            self._prepare_module(module, compute)
         if chunk_config_dict is None:
             chunk_config_dict, result = search_chunk_configuration(
                 module, search_range_m, min_chunk_size_m, hidden_dim
@@ -136,7 +141,9 @@ class GeminiDDP(ModelWrapper):
             memstats=memstats,
             device_memory_budget=device_memory_budget,
         )
-        self._build_chunks(chunk_init_device)
+        self._build_chunks(chunk_init_device, lazy)
+        if lazy:
+            self._prepare_module(module, compute)
         # a device budget (auto/const) alone decides what stays gathered: no holding there
         hold = isinstance(self.policy, StaticPlacementPolicy)
         self.hooks = GeminiHooks(self.chunk_manager, self.policy, hold=hold)
@@ -183,7 +190,7 @@ class GeminiDDP(ModelWrapper):
                 f"({compute}) or 'cpu'."
             )
         for name, p in module.named_parameters():
-            if type(p.data).__name__ == "DTensor" or p.device.type == "meta":
+            if type(p.data).__name__ == "DTensor" or (p.device.type == "meta" and not is_lazy(p)):
                 raise NotImplementedError(
                     f"parameter {name} is a {'meta' if p.device.type == 'meta' else 'D'}Tensor "
                     f"(strict_ddp_mode={strict}); GeminiDDP needs plain, materialised, "
@@ -205,8 +212,11 @@ class GeminiDDP(ModelWrapper):
                     dist.broadcast(buf, src, group=self.process_group)
                 sub._buffers[key] = buf
 
-    def _build_chunks(self, chunk_init_device: torch.device | str | None) -> None:
-        """Place the chunks, then fill them from rank 0's parameter values (COLLECTIVE)."""
+    def _build_chunks(
+        self, chunk_init_device: torch.device | str | None, lazy: list[tuple[str, torch.Tensor]]
+    ) -> None:
+        """Place the chunks, then fill them from rank 0's parameter values (COLLECTIVE); a lazy
+        model's chunks are filled shard by shard from its record."""
         manager, compute = self.chunk_manager, self.compute_device
         if chunk_init_device is not None and torch.device(chunk_init_device).type == "cpu":
             for chunk in manager:
@@ -219,12 +229,16 @@ class GeminiDDP(ModelWrapper):
             chunk.keep_gathered = not self.policy.keep_params_sharded(chunk)
             chunk.optim_on_host = not self.policy.optim_on_device(chunk)
             chunk.optim_device = torch.device("cpu") if chunk.optim_on_host else compute
+            chunk.pin_memory = self.pin_memory and self.compute_device.type != "cpu"
+        if lazy:
+            fill_chunks_lazily(manager, lazy, self.process_group, compute)
+            return
+        for chunk in manager:
             full = torch.zeros(chunk.chunk_size, dtype=torch.float32, device=self.compute_device)
             for info in chunk.tensors:
                 full[info.offset : info.offset + info.numel].copy_(info.param.data.reshape(-1))
             if dist.is_initialized() and chunk.world_size > 1:
                 dist.broadcast(full, src, group=self.process_group)
-            chunk.pin_memory = self.pin_memory and self.compute_device.type != "cpu"
             chunk.initialise(full)
 
     def _apply(self, fn: Any, recurse: bool = True) -> GeminiDDP:
@@ -250,7 +264,8 @@ class GeminiDDP(ModelWrapper):
         if self.dtype != torch.float32:
             args, kwargs = cast_floating(args, self.dtype), cast_floating(kwargs, self.dtype)
         try:
-            out = self.module(*args, **kwargs)
+            with payload_saving_hooks(self.chunk_manager):  # released chunks really free memory
+                out = self.module(*args, **kwargs)
         finally:
             self.hooks.end_forward()
         if self.force_outputs_fp32:
@@ -285,6 +300,10 @@ class GeminiDDP(ModelWrapper):
             self._no_sync = previous
 
     # ------------------------------------------------------------------ full tensors
+    def names_not_held(self) -> list[str]:
+        """Names of the parameters this rank holds none of (checkpoint loading skips them)."""
+        return self._io.names_not_held()
+
     def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(state-dict name, full tensor)`` for every parameter (fp32 master values, tied
         parameters once under their first name) and persistent buffer. COLLECTIVE, chunk by

@@ -70,20 +70,20 @@ class LowLevelZeroCheckpointIO(CheckpointIO):
         exact = all(all(opt.masters.aliased) for opt in owners if opt is not None)
         if exact and not self.is_writer():
             return
-        seen: dict[torch.Tensor, torch.Tensor] = {}
+        # tied names share one tensor: gathered once (on every rank, or a rank that receives
+        # nothing would gather again and the ranks' collectives would no longer match)
+        seen: dict[torch.Tensor, torch.Tensor | None] = {}
         for name, value in tensors.items():
             opt = self._owner(value)
             if opt is None or all(opt.masters.aliased):
                 if self.is_writer():
                     yield name, value.detach()
                 continue
-            full = seen.get(value)
-            if full is None:
-                full = opt.full_param(value, dst=0)  # collective: every rank takes part
-                if full is None:
-                    continue
-                seen[value] = full  # tied names share one tensor: the file stores it once
-            yield name, full
+            if value not in seen:
+                seen[value] = opt.full_param(value, dst=0)  # collective: every rank takes part
+            full = seen[value]
+            if full is not None:
+                yield name, full
 
     def model_layout(self, model: nn.Module) -> ModelLayout:
         """Names and shapes of the unwrapped model's state dict."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from kolossos.accelerator import get_accelerator
 from kolossos.amp import cast_floating
 from kolossos.interface import ModelWrapper
+from kolossos.lazy import materialize_on
 
 __all__ = ["LowLevelZeroModel"]
 
@@ -30,8 +32,12 @@ class LowLevelZeroModel(ModelWrapper):
         torch.bfloat16
     """
 
-    def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
-        module = module.to(get_accelerator().get_current_device())
+    def __init__(
+        self, module: nn.Module, dtype: torch.dtype, group: dist.ProcessGroup | None = None
+    ) -> None:
+        device = get_accelerator().get_current_device()
+        materialize_on(module, device, group)  # COLLECTIVE when the model was built lazily
+        module = module.to(device)
         if dtype != torch.float32:
             module = module.to(dtype)
         super().__init__(module)

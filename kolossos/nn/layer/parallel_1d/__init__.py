@@ -49,6 +49,7 @@ from kolossos.nn.layer.parallel_1d.sharding import (
     mark_sequence_parallel,
     set_tp_spec,
     slice_tp_shard,
+    tp_shard_pieces,
 )
 
 __all__ = [
@@ -83,5 +84,6 @@ __all__ = [
     "set_tp_spec",
     "slice_tp_shard",
     "split_to_tp",
+    "tp_shard_pieces",
     "vocab_parallel_cross_entropy",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "mark_sequence_parallel",
     "set_tp_spec",
     "slice_tp_shard",
+    "tp_shard_pieces",
 ]
 
 _SPEC_ATTR = "_kolossos_tp_spec"
@@ -207,3 +208,20 @@ def slice_tp_shard(full: torch.Tensor, spec: TPShardSpec, rank: int) -> torch.Te
     blocks = full.split(list(_blocks(spec)), dim=spec.dim)
     mine = [block.chunk(world, dim=spec.dim)[rank] for block in blocks]
     return torch.cat(mine, dim=spec.dim).contiguous()
+
+
+def tp_shard_pieces(spec: TPShardSpec, rank: int) -> tuple[list[tuple[int, int, int]], int]:
+    """Where the shard of ``rank`` lies in the full tensor: ``(dim, start, stop)`` ranges to
+    concatenate along ``spec.dim``, and the number of padding rows to append — what
+    :func:`slice_tp_shard` cuts, as ranges a checkpoint reader can read directly."""
+    world, dim, length = spec.world_size, spec.dim, spec.full_shape[spec.dim]
+    pieces, pad, start = [], 0, 0
+    for block in _blocks(spec):
+        per = block // world
+        lo, hi = start + rank * per, start + (rank + 1) * per
+        stored_hi = min(hi, length)
+        if stored_hi > lo:
+            pieces.append((dim, lo, stored_hi))
+        pad += hi - max(lo, stored_hi)
+        start += block
+    return pieces, pad

@@ -150,14 +150,21 @@ class Chunk:
 
     def initialise(self, full: torch.Tensor) -> None:
         """Take this rank's slice of ``full`` (the fp32 payload, identical on every rank)."""
+        if not self.keep_gathered:
+            self.initialise_shard(full[self.shard_begin : self.shard_begin + self.shard_size])
+            return
         self.master = full[self.shard_begin : self.shard_begin + self.shard_size].clone()
         self.master = self.pinned(self.master.to(self.optim_device))
-        if self.keep_gathered:
-            self.payload = full.to(device=self.compute_device, dtype=self.dtype)
-            self.shard = self.payload[self.shard_begin : self.shard_begin + self.shard_size]
-            self._attach(TensorState.HOLD)
-        else:
-            self._detach(TensorState.FREE)
+        self.payload = full.to(device=self.compute_device, dtype=self.dtype)
+        self.shard = self.payload[self.shard_begin : self.shard_begin + self.shard_size]
+        self._attach(TensorState.HOLD)
+
+    def initialise_shard(self, shard: torch.Tensor) -> None:
+        """Take ``shard`` (this rank's fp32 slice of the payload) as the master of a chunk that
+        is not kept gathered — without the rest of the payload ever existing here."""
+        assert not self.keep_gathered and shard.numel() == self.shard_size
+        self.master = self.pinned(shard.to(self.optim_device, copy=True))
+        self._detach(TensorState.FREE)
 
     # ------------------------------------------------------------------ states
     def set_state(self, info: TensorInfo, new: TensorState) -> None:
