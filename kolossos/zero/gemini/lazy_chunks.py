@@ -23,11 +23,11 @@ def fill_chunks_lazily(
     ``group``: every rank replays with its rank 0's random states, so the values equal an eager
     model broadcast from rank 0). Lazy tensors outside the chunks (buffers) are materialised
     whole on ``device``; chunked parameters become empty placeholders the chunks fill on use."""
-    parts = {
+    parts = {  # a sharded chunk's part is its fp32 master: allocated where the policy put it
         chunk.chunk_id: torch.zeros(
             chunk.chunk_size if chunk.keep_gathered else chunk.shard_size,
             dtype=torch.float32,
-            device=device,
+            device=device if chunk.keep_gathered else chunk.optim_device,
         )
         for chunk in manager
     }

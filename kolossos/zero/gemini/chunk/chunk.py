@@ -163,7 +163,10 @@ class Chunk:
         """Take ``shard`` (this rank's fp32 slice of the payload) as the master of a chunk that
         is not kept gathered — without the rest of the payload ever existing here."""
         assert not self.keep_gathered and shard.numel() == self.shard_size
-        self.master = self.pinned(shard.to(self.optim_device, copy=True))
+        master = shard.to(self.optim_device)
+        if master is shard and shard._base is not None:  # a view of a whole payload: copy
+            master = shard.clone()
+        self.master = self.pinned(master)
         self._detach(TensorState.FREE)
 
     # ------------------------------------------------------------------ states
