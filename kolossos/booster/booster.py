@@ -21,6 +21,7 @@ from kolossos.booster.mixed_precision import MixedPrecision, mixed_precision_fac
 from kolossos.booster.plugin.plugin_base import Plugin
 from kolossos.checkpoint_io import CheckpointIO, GeneralCheckpointIO, LoadReport
 from kolossos.checkpoint_io.async_writer import AsyncWriter
+from kolossos.lazy import is_lazy_module, materialize_on
 from kolossos.interface import OptimizerWrapper
 
 __all__ = ["Booster", "UnshardedDataWarning"]
@@ -173,6 +174,10 @@ class Booster:
         if optimizer is not None:
             _mark_boosted(optimizer)
         user_model = model
+        takes_lazy = self.plugin is not None and self.plugin.control_device()
+        if is_lazy_module(model) and (not takes_lazy or self.mixed_precision is not None):
+            # the model is moved or cast before a plugin sees it: whole, here (COLLECTIVE)
+            materialize_on(model, self.device)
         if self.plugin is None or not self.plugin.control_device():
             model = model.to(self.device)
         wrapped_opt: OptimizerWrapper | None = None

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from kolossos.accelerator.memory_tracker import TensorMemoryTracker
+from kolossos.booster import Booster
 from kolossos.lazy import (
     LazyInitContext,
     LazyTensor,
@@ -195,3 +196,19 @@ def test_resume_records_the_cut_of_a_shard() -> None:
     LazyInitContext.materialize(lazy)
     assert torch.equal(lazy.weight, eager.weight.chunk(2, dim=0)[1])
     assert torch.equal(lazy.bias, eager.bias)
+
+
+@pytest.mark.parametrize("mixed_precision", [None, "bf16"])
+def test_booster_without_a_plugin_materialises_the_model(mixed_precision: str | None) -> None:
+    """No plugin (or a mixed-precision recipe applied before the plugin): the Booster itself
+    materialises the whole model before moving or casting it."""
+    torch.manual_seed(4)
+    eager = MODELS["llama"]()
+    torch.manual_seed(4)
+    with LazyInitContext():
+        lazy = MODELS["llama"]()
+    booster = Booster(mixed_precision=mixed_precision)
+    model, *_ = booster.boost(lazy, torch.optim.SGD(lazy.parameters(), lr=0.1))
+    assert not is_lazy_module(model)
+    for name, value in _state(eager).items():
+        assert torch.equal(lazy.state_dict()[name], value), name
