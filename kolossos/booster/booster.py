@@ -21,8 +21,8 @@ from kolossos.booster.mixed_precision import MixedPrecision, mixed_precision_fac
 from kolossos.booster.plugin.plugin_base import Plugin
 from kolossos.checkpoint_io import CheckpointIO, GeneralCheckpointIO, LoadReport
 from kolossos.checkpoint_io.async_writer import AsyncWriter
-from kolossos.lazy import is_lazy_module, materialize_on
 from kolossos.interface import OptimizerWrapper
+from kolossos.lazy import is_lazy_module, materialize_on
 
 __all__ = ["Booster", "UnshardedDataWarning"]
 
