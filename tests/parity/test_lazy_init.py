@@ -209,5 +209,5 @@ def test_lazy_equals_eager_on_2_ranks(
 
 @distributed(4)
 def test_lazy_equals_eager_on_4_ranks(tmp_path: Path) -> None:
-    for plugin_name in ("gemini", "fsdp", "tp2pp2", "zero2"):
+    for plugin_name in ("ddp", "zero1", "zero2", "gemini", "fsdp", "tp2", "pp2", "tp2pp2"):
         _compare(plugin_name, "gpt2", tmp_path)
