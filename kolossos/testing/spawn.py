@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import inspect
 import multiprocessing as mp
 import os
 import pickle
@@ -95,7 +96,7 @@ def _rank_main(
         )
         os.environ.setdefault("KOLOSSOS_DIST_TIMEOUT", str(collective_timeout))
         torch.set_num_threads(1)
-        result = fn(rank, world_size, port, **kwargs)
+        result = _call(fn, rank, world_size, port, kwargs)
         try:
             # plain pickle sends tensors by value: torch's multiprocessing reducers would share
             # them through file descriptors that die with this process
@@ -113,6 +114,26 @@ def _rank_main(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _call(
+    fn: Callable[..., Any], rank: int, world_size: int, port: int, kwargs: dict[str, Any]
+) -> Any:
+    """``fn(rank, world_size, port, **kwargs)``; ``world_size`` and ``port`` go by keyword when
+    ``fn`` has parameters of those names, as Colossal-AI's ``spawn`` passes them (so
+    ``def check(rank, model_cls, world_size, port)`` gets each value in the right place)."""
+    if _takes_by_keyword(fn, ("world_size", "port")):
+        return fn(rank, world_size=world_size, port=port, **kwargs)
+    return fn(rank, world_size, port, **kwargs)
+
+
+def _takes_by_keyword(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read: keep the positional call
+        return False
+    keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return all(n in params and params[n].kind in keyword_kinds for n in names)
 
 
 def _destroy_process_group() -> None:
@@ -164,14 +185,18 @@ def spawn(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, port, **kwargs)`` on ``world_size`` processes and wait for all.
 
+    Colossal-AI's form ``spawn(fn, nprocs=N, **kwargs)`` works too: ``nprocs`` is another name
+    for ``world_size``. When ``fn`` has parameters named ``world_size`` and ``port`` they are
+    passed by keyword (as Colossal-AI does), otherwise by position.
+
     Args:
         fn: the per-rank function; it usually calls ``kolossos.launch(config={}, rank=rank,
             world_size=world_size, host="localhost", port=port)`` first.
-        world_size: number of ranks.
+        world_size: number of ranks (or ``nprocs=``, Colossal-AI's keyword).
         timeout: wall-clock limit in seconds for the whole run (default ``$KOLOSSOS_TEST_TIMEOUT``
             or 300). Collectives inside get the same limit through ``KOLOSSOS_DIST_TIMEOUT``.
         start_method: ``"fork"`` (default where safe) or ``"spawn"`` (``fn`` must be picklable).
-        **kwargs: passed to ``fn``.
+        **kwargs: passed to ``fn`` (except ``nprocs``, read as ``world_size``).
 
     Returns:
         Each rank's return value (``None`` where it cannot be pickled), in rank order.
@@ -179,13 +204,18 @@ def spawn(
     Raises:
         RankError: a rank raised (its traceback is in the message), died, or the run timed out
             (the stacks of the ranks still running are in the message).
+        ValueError: the number of ranks is not an int >= 1, or ``nprocs`` and a different
+            positional ``world_size`` are both given.
 
     Example:
         >>> def work(rank, world_size, port):
         ...     return rank * 10
         >>> spawn(work, 2)
         [0, 10]
+        >>> spawn(work, nprocs=2)
+        [0, 10]
     """
+    world_size = _world_size(world_size, kwargs)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r} must be an int >= 1.")
     limit = default_timeout() if timeout is None else float(timeout)
@@ -217,6 +247,21 @@ def spawn(
             _kill(procs)
             holder.clear()
             listener.close()
+
+
+def _world_size(world_size: int, kwargs: dict[str, Any]) -> int:
+    """``world_size``, or Colossal-AI's ``nprocs=`` (removed from ``kwargs``: upstream never
+    passes it to the rank function either)."""
+    if "nprocs" not in kwargs:
+        return world_size
+    nprocs: int = kwargs.pop("nprocs")
+    # world_size's default is 1, so only a different positional value is a visible conflict
+    if world_size not in (1, nprocs):
+        raise ValueError(
+            f"spawn got world_size={world_size!r} and nprocs={nprocs!r}: pass one of them "
+            "(nprocs is Colossal-AI's name for world_size)."
+        )
+    return nprocs
 
 
 def _serve_store(listener: socket.socket, port: int, world_size: int) -> Any:
