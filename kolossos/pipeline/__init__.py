@@ -7,6 +7,7 @@ See docs/pipeline.md.
 
 from kolossos.pipeline.build import build_pipeline_model
 from kolossos.pipeline.p2p import PipelineP2P
+from kolossos.pipeline.p2p_communication import PipelineP2PCommunication
 from kolossos.pipeline.partition import (
     partition_balanced,
     partition_layers,
@@ -29,6 +30,7 @@ __all__ = [
     "InterleavedSchedule",
     "OneForwardOneBackwardSchedule",
     "PipelineP2P",
+    "PipelineP2PCommunication",
     "PipelineSchedule",
     "PipelineSharedModuleWrapper",
     "PipelineStageManager",

@@ -12,20 +12,38 @@
   :func:`kolossos.pipeline.simulate.simulate`) cannot deadlock.
 * **In order.** Messages between two ranks match in the order they were sent (as with NCCL); the
   executor receives them in the sender's order and buffers early arrivals.
+
+Colossal-AI's object API (:class:`PipelineP2PCommunication`, :func:`create_send_metadata`) lives
+in :mod:`kolossos.pipeline.p2p_communication` and is importable from here, as upstream.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from kolossos.accelerator import get_accelerator
+from kolossos.pipeline.p2p_communication import (
+    P2PMetadata,
+    PipelineP2PCommunication,
+    TensorMetadata,
+    create_send_metadata,
+)
+from kolossos.pipeline.p2p_transport import P2PStats, P2PTransport
 
-__all__ = ["P2PStats", "PipelineP2P", "TensorSpec", "decode_metadata", "encode_metadata"]
+__all__ = [
+    "P2PMetadata",
+    "P2PStats",
+    "PipelineP2P",
+    "PipelineP2PCommunication",
+    "TensorMetadata",
+    "TensorSpec",
+    "create_send_metadata",
+    "decode_metadata",
+    "encode_metadata",
+]
 
 META_SIZE = 128
 _MAGIC = 0x4B50  # "KP"
@@ -42,19 +60,6 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
     requires_grad: bool
-
-
-@dataclass
-class P2PStats:
-    """What this rank's point-to-point layer did (counters for tests and benchmarks)."""
-
-    messages_sent: int = 0
-    messages_received: int = 0
-    metadata_sent: int = 0
-    metadata_received: int = 0
-    bytes_sent: int = 0
-    by_peer: dict[int, int] = field(default_factory=dict)
-    """bytes sent to each global rank"""
 
 
 def encode_metadata(specs: list[TensorSpec], is_tuple: bool) -> torch.Tensor:
@@ -98,7 +103,7 @@ def spec_of(t: torch.Tensor) -> TensorSpec:
     return TensorSpec(tuple(t.shape), t.dtype, t.requires_grad)
 
 
-class PipelineP2P:
+class PipelineP2P(P2PTransport):
     """Sends and receives of one rank's pipeline messages.
 
     Args:
@@ -119,18 +124,13 @@ class PipelineP2P:
         tensor_dtype: torch.dtype = torch.float32,
         enable_metadata_cache: bool = True,
     ) -> None:
-        if device is None:
-            device = get_accelerator().get_current_device()
-        self.group = group
-        self.device = device
+        super().__init__(group, device=device)
         self.fixed = None
         if tensor_shape is not None:
             self.fixed = ([TensorSpec(tuple(tensor_shape), tensor_dtype, True)], False)
         self.cache = enable_metadata_cache
         self._sent_streams: set[Any] = set()
         self._recv_meta: dict[Any, tuple[list[TensorSpec], bool]] = {}
-        self._pending: list[tuple[Any, list[torch.Tensor]]] = []
-        self.stats = P2PStats()
 
     # --- activations --------------------------------------------------------------------------
     def send_activation(
@@ -151,10 +151,10 @@ class PipelineP2P:
                     "negotiate shapes."
                 )
         elif not self.cache or stream not in self._sent_streams:
-            self._isend(dst, [encode_metadata(specs, is_tuple).to(self.device)])
+            self.isend(dst, [encode_metadata(specs, is_tuple).to(self.device)])
             self.stats.metadata_sent += 1
             self._sent_streams.add(stream)
-        self._isend(dst, [t.detach() for t in tensors])
+        self.isend(dst, [t.detach() for t in tensors])
         self.stats.messages_sent += 1
 
     def recv_activation(self, src: int, stream: Any) -> tuple[list[torch.Tensor], bool]:
@@ -166,7 +166,7 @@ class PipelineP2P:
             specs, is_tuple = self._recv_meta[stream]
         else:
             meta = torch.empty(META_SIZE, dtype=torch.int64, device=self.device)
-            self._recv(src, [meta])
+            self.recv(src, [meta])
             specs, is_tuple = decode_metadata(meta.cpu())
             self._recv_meta[stream] = (specs, is_tuple)
             self.stats.metadata_received += 1
@@ -179,7 +179,7 @@ class PipelineP2P:
     # --- gradients ----------------------------------------------------------------------------
     def send_grad(self, dst: int, grads: list[torch.Tensor]) -> None:
         """Send input gradients to global rank ``dst`` (non-blocking)."""
-        self._isend(dst, [g.detach() for g in grads])
+        self.isend(dst, [g.detach() for g in grads])
         self.stats.messages_sent += 1
 
     def recv_grad(self, src: int, specs: list[TensorSpec]) -> list[torch.Tensor]:
@@ -189,41 +189,6 @@ class PipelineP2P:
     # --- plumbing -----------------------------------------------------------------------------
     def _recv_specs(self, src: int, specs: list[TensorSpec]) -> list[torch.Tensor]:
         out = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in specs]
-        self._recv(src, out)
+        self.recv(src, out)
         self.stats.messages_received += 1
         return out
-
-    def _isend(self, dst: int, tensors: list[torch.Tensor]) -> None:
-        tensors = [t.contiguous() for t in tensors]
-        if len(tensors) == 1:
-            work = dist.isend(tensors[0], dst, group=self.group)
-            works = [work] if work is not None else []
-        else:
-            ops = [dist.P2POp(dist.isend, t, dst, self.group) for t in tensors]
-            works = dist.batch_isend_irecv(ops) if ops else []
-        size = sum(t.numel() * t.element_size() for t in tensors)
-        self.stats.bytes_sent += size
-        self.stats.by_peer[dst] = self.stats.by_peer.get(dst, 0) + size
-        self._pending.append((works, tensors))  # keep the buffers alive until sent
-        self._prune()
-
-    def _recv(self, src: int, tensors: list[torch.Tensor]) -> None:
-        # SYNC POINT: the only place a rank waits for another.
-        if len(tensors) == 1:
-            dist.recv(tensors[0], src, group=self.group)
-            return
-        ops = [dist.P2POp(dist.irecv, t, src, self.group) for t in tensors]
-        for work in dist.batch_isend_irecv(ops) if ops else []:
-            work.wait()
-
-    def _prune(self) -> None:
-        self._pending = [
-            (works, ts) for works, ts in self._pending if not all(w.is_completed() for w in works)
-        ]
-
-    def wait_sends(self) -> None:
-        """Wait until every send of this rank has completed (end of a step)."""
-        for works, _ in self._pending:
-            for work in works:
-                work.wait()
-        self._pending.clear()

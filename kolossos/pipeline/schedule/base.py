@@ -192,9 +192,22 @@ class PipelineSchedule:
             self._tables[num_microbatches] = table
         return self._tables[num_microbatches]
 
+    @property
+    def takes_chunk_list(self) -> bool:
+        """Whether an ``nn.ModuleList`` given to :meth:`forward_backward_step` is the list of
+        chunks (schedules that may run several chunks per rank: interleaved, ZB-V) rather than
+        one stage module (GPipe, 1F1B, ZB-H1), as in Colossal-AI."""
+        if self.spec is not None:
+            return self.spec.fixed_chunks != 1
+        return self.num_model_chunks > 1
+
     def _chunks(self, model_chunks: nn.Module | Sequence[nn.Module]) -> list[nn.Module]:
+        chunks: list[nn.Module]
         if isinstance(model_chunks, nn.ModuleList):
-            chunks = list(model_chunks)
+            # A single-chunk schedule runs a ModuleList with a forward (its class's or one set
+            # on the instance) as the stage; one without a forward can only be a list of chunks.
+            one = not self.takes_chunk_list and _has_forward(model_chunks)
+            chunks = [model_chunks] if one else list(model_chunks)
         elif isinstance(model_chunks, nn.Module):
             chunks = [model_chunks]
         else:
@@ -240,7 +253,9 @@ class PipelineSchedule:
         the full batch's gradient); the caller steps the optimizer.
 
         Args:
-            model_chunks: this rank's chunk (a module) or chunks (a list / ``nn.ModuleList``).
+            model_chunks: this rank's chunk (a module) or chunks (a list, or an
+                ``nn.ModuleList`` when :attr:`takes_chunk_list`; otherwise an ``nn.ModuleList``
+                with a ``forward`` is the one stage module).
             data_iter: yields one batch per call (see :mod:`~kolossos.pipeline.schedule.microbatch`
                 for the accepted forms).
             criterion: ``criterion(output, target)``, evaluated on the last stage only.
@@ -280,6 +295,11 @@ class PipelineSchedule:
         """The modelled bubble fraction of this schedule's table (``F=1, B=2``, or
         ``F=B=W=1`` when split; free communication)."""
         return simulate(self.table(num_microbatches)).bubble_fraction
+
+
+def _has_forward(module: nn.Module) -> bool:
+    """Whether ``module`` can be called: its class or the instance defines ``forward``."""
+    return "forward" in vars(module) or type(module).forward is not nn.Module.forward
 
 
 def schedule_class(name: str) -> type[PipelineSchedule]:
