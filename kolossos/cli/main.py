@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kolossos.cli.train",
         "train a GPT from a config file (the built-in Shakespeare example without one)",
     ),
+    "plan": (
+        "kolossos.cli.plan",
+        "choose a plugin and layout that fits a model in a memory budget",
+    ),
 }
 
 USAGE = """usage: kolossos [-h] [--version] <command> [<args>]

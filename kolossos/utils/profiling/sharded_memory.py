@@ -1,0 +1,170 @@
+"""Per-rank memory phases of the ZeRO-3 plugins: ``GeminiPlugin`` (chunks) and
+``TorchFSDPPlugin`` (FSDP2 units).
+
+* **Gemini** packs the parameters, in registration order, into chunks (the same chunk-size search
+  as :func:`kolossos.zero.gemini.chunk.search_chunk_configuration`: a model under
+  ``min_chunk_size_m`` = 32 Mi elements is one chunk). Per chunk of ``C`` elements a rank keeps
+  its fp32 master and AdamW states (``12 C / N``); while the chunk is in use the full payload in
+  the working dtype (``W C``) and, for fp16/bf16, a working copy of its shard (``W C / N``);
+  during backward a full gradient payload (``W C``) until the chunk's gradients are complete,
+  then an fp32 gradient shard (``4 C / N``) until the step. A tied LM head keeps the embedding's
+  chunk gathered, and its gradient payload open, from the head's use to the embedding's.
+* **FSDP2** shards fp32 parameters (``4 Ψ / N``), fp32 gradients (``4 Ψ / N``, reduced in fp32)
+  and AdamW states; each block is a unit gathered in the working dtype for its forward and again
+  for its backward (the next one prefetched), the root unit (embeddings, final norm, head) stays
+  gathered from its forward to the end of backward; each unit's gradients are reduce-scattered
+  through an fp32 copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kolossos.utils.profiling.activations import activation_bytes
+from kolossos.utils.profiling.layouts import Layout
+from kolossos.utils.profiling.memory_phases import (
+    Phase,
+    Workload,
+    activation_points,
+    step_temporaries,
+    tied_gradients,
+    working_bytes,
+)
+from kolossos.utils.profiling.rank_model import RankModel
+
+__all__ = ["chunk_sizes", "fsdp_phases", "gemini_phases", "search_chunk_size"]
+
+_MI = 2**20
+
+
+def search_chunk_size(
+    numels: Sequence[int], search_range: int = 32 * _MI, min_chunk: int = 32 * _MI,
+    interval: int = 1024,
+) -> int:  # fmt: skip
+    """Gemini's chunk size for tensors of ``numels`` elements: the size in ``[min_chunk,
+    min_chunk + search_range]`` (step ``interval``) wasting the fewest elements at chunk ends,
+    the smallest on a tie; everything in one chunk when it fits in ``min_chunk``."""
+    total = sum(numels)
+    if total <= min_chunk:
+        return max(total, 1)
+    sizes = np.arange(min_chunk, min_chunk + search_range + 1, interval, dtype=np.int64)
+    left = np.zeros_like(sizes)
+    waste = np.zeros_like(sizes)
+    for n in numels:
+        fits = left >= n
+        waste += np.where(fits, 0, left)
+        left = np.where(fits, left - n, np.where(sizes < n, 0, sizes - n))
+    return int(sizes[int(np.argmin(waste))])
+
+
+def chunk_sizes(numels: Sequence[int], world_size: int, chunk_size: int | None = None) -> list[int]:
+    """The chunks' sizes (elements, multiples of ``world_size``) Gemini's chunk manager builds:
+    tensors packed in order, a tensor larger than a chunk in a chunk of its own, the last chunk
+    cut to what it holds."""
+    up = lambda v: -(-v // world_size) * world_size  # noqa: E731
+    size = up(max(chunk_size if chunk_size is not None else search_chunk_size(numels), 1))
+    groups: list[int] = []
+    room = 0
+    for n in numels:
+        if n > room or not groups:
+            groups.append(0)
+            room = max(size, n)
+        groups[-1] += n
+        room -= n
+    return [max(up(used), size if i < len(groups) - 1 else 0) for i, used in enumerate(groups)]
+
+
+def gemini_phases(layout: Layout, work: Workload, rank: RankModel) -> list[Phase]:
+    """The phases of ``GeminiPlugin`` (module doc; ``auto`` is modelled as static placement with
+    everything but the chunks in use on the host)."""
+    n, w = layout.dp, working_bytes(layout.precision)
+    chunks = chunk_sizes(rank.sizes, n)
+    psi, biggest = float(sum(chunks)), sorted(chunks, reverse=True)
+    act = activation_bytes(work.shape, work.batch // n * work.seq_len, w)
+    at = activation_points(act, rank, layout.checkpointing)
+    host_optim = layout.offload or layout.placement == "auto"
+    # a sharded chunk in use has a working copy of its shard unless the fp32 master on the
+    # compute device serves as one; a kept-gathered chunk's shard is a view of its payload
+    cache = layout.shard_params and (w != 4 or (host_optim and work.device != "cpu"))
+    in_use = sum(biggest[:3]) if layout.shard_params else psi  # current, prefetched, held
+    gathered = w * in_use + (w * in_use / n if cache else 0.0)
+    optim = 12.0 * psi / n
+    keep: dict[str, float] = {"params": gathered, **({} if host_optim else {"optim": optim})}
+    host: dict[str, float] = {"optim": optim} if host_optim else {}
+    held, at_embed = tied_gradients(rank, w)
+    payload = w * biggest[0]  # the gradient payload of the chunk being filled
+    # backward ends in the first chunk (the embeddings'): the others are reduced to shards
+    first = chunks[0]
+    first_gathered = w * first + (w * first / n if cache else 0.0) if layout.shard_params else 0.0
+    end_params = first_gathered if layout.shard_params else gathered
+    shards = 4.0 * psi / n  # fp32 gradient shards, from reduction to the step
+    others = shards - 4.0 * first / n
+    # the reduce-scatter's output while the chunk's payload, and the gradient whose arrival
+    # completed the chunk (the hook's argument), are still alive
+    reduce_tmp = w * first / n + w * rank.largest
+    dev_shards, host_shards = (0.0, shards) if host_optim else (shards, 0.0)
+    dev_others, host_others = (0.0, others) if host_optim else (others, 0.0)
+    on_host = host_optim or work.device == "cpu"
+    stepping = step_temporaries([biggest[0] / n] if on_host else [c / n for c in chunks],
+                                "cpu" if on_host else "cuda")  # fmt: skip
+    end_keep = {**keep, "params": end_params}
+    return [
+        Phase("loss", {**keep, "activations": at.forward, "temporary": at.loss_temporary}, host),
+        Phase("head", {**keep, "activations": at.head, "temporary": w * rank.largest}, host),
+        Phase("backward", {**keep, "grads": payload, "activations": at.inside,
+                           "temporary": act.layer_transient + w * rank.layer_largest + held},
+              host),
+        Phase("backward-end", {**end_keep, "grads": w * first + dev_others,
+                               "activations": at.end,
+                               "temporary": max(at_embed, w * rank.largest)},
+              {**host, "grads": host_others}),
+        Phase("reduce", {**end_keep, "grads": w * first + dev_others, "activations": at.end,
+                         "temporary": reduce_tmp}, {**host, "grads": host_others}),
+        Phase("step", {**keep, "params": 0.0 if layout.shard_params else w * psi,
+                       "grads": dev_shards, "temporary": 0.0 if host_optim else stepping},
+              {**host, "grads": host_shards, "temporary": stepping if host_optim else 0.0}),
+    ]  # fmt: skip
+
+
+def fsdp_phases(layout: Layout, work: Workload, rank: RankModel) -> list[Phase]:
+    """The phases of ``TorchFSDPPlugin`` (module doc)."""
+    n, w = layout.dp, working_bytes(layout.precision)
+    psi = float(rank.numel)
+    act = activation_bytes(work.shape, work.batch // n * work.seq_len, w, output_fp32=w != 4)
+    at = activation_points(act, rank, layout.checkpointing)
+    root = float(rank.embed_numel + rank.head_numel - (rank.tied_numel if rank.has_embed else 0))
+    unit = float(rank.layer_numel)
+    units = 2 * unit if layout.reshard else rank.layers * unit  # current and prefetched
+    # FSDP2 keeps the last block gathered from its forward into backward
+    after_forward = unit if layout.reshard else rank.layers * unit
+    sharded = {"params": 4.0 * psi / n, "optim": 8.0 * psi / n}
+    dev_keep = {} if layout.offload else dict(sharded)
+    host = dict(sharded) if layout.offload else {}
+    shards = 4.0 * psi / n
+    dev_shards, host_shards = (0.0, shards) if layout.offload else (shards, 0.0)
+    held, at_embed = tied_gradients(rank, w)
+    # a unit's gradients: unsharded in the working dtype, an fp32 copy for the reduce-scatter
+    reduce_unit = w * unit + 4.0 * unit * (1 + 1 / n)
+    root_grads = w * root - held + at_embed
+    reduce_root = w * root + 4.0 * root * (1 + 1 / n)
+    stepping = step_temporaries([s / n for s in rank.sizes],
+                                "cpu" if layout.offload else work.device)  # fmt: skip
+    base = dev_keep.get("params", 0.0)
+    return [
+        Phase("loss", {**dev_keep, "params": base + w * (root + after_forward),
+                       "activations": at.forward, "temporary": at.loss_temporary}, host),
+        Phase("head", {**dev_keep, "params": base + w * (root + after_forward),
+                       "activations": at.head, "grads": w * rank.head_numel}, host),
+        Phase("backward", {**dev_keep, "params": base + w * (root + units),
+                           "activations": at.inside, "temporary": act.layer_transient,
+                           "grads": w * rank.head_numel + reduce_unit}, host),
+        Phase("backward-end", {**dev_keep, "params": base + w * root,
+                               "grads": dev_shards + max(root_grads, reduce_root),
+                               "activations": at.end},
+              {**host, "grads": host_shards}),
+        Phase("step", {**dev_keep, "grads": dev_shards,
+                       "temporary": 0.0 if layout.offload else stepping},
+              {**host, "grads": host_shards, "temporary": stepping if layout.offload else 0.0}),
+    ]  # fmt: skip
