@@ -6,7 +6,8 @@ Example:
     >>> config = ShardConfig(tensor_parallel_process_group=tp_group)  # doctest: +SKIP
     >>> model, shared_params = ShardFormer(config).optimize(model)  # doctest: +SKIP
 
-See docs/shardformer.md for the supported families and how to write a plan.
+See docs/shardformer.md for the supported families and how to write a plan. The tensor-parallel
+layers under Colossal-AI's names are in :mod:`kolossos.shardformer.layer`.
 """
 
 from kolossos.shardformer.loss import VocabParallelCausalLMLoss

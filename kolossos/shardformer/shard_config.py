@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
@@ -14,6 +15,35 @@ SEQUENCE_PARALLELISM_MODES = ("split_gather",)
 
 _OTHER_MODES = ("all_to_all", "ring", "ring_attn")
 """Colossal-AI's attention-level modes: recognised, not implemented."""
+
+
+_BOOL_FIELDS = (
+    "enable_tensor_parallelism",
+    "enable_sequence_parallelism",
+    "enable_sequence_overlap",
+    "enable_fused_normalization",
+    "enable_flash_attention",
+    "enable_jit_fused",
+    "enable_all_optimization",
+    "inference_only",
+    "inference_gptq",
+    "parallel_output",
+)
+
+_UNSUPPORTED = {
+    "enable_fused_normalization": "kolossos has no apex kernels and PyTorch's LayerNorm is "
+    "already fused; leave it False (kolossos.shardformer.layer.FusedLayerNorm converts single "
+    "modules).",
+    "enable_flash_attention": "the plans keep transformers' attention (PyTorch SDPA); leave it "
+    "False.",
+    "enable_jit_fused": "the plans have no JIT-fused bias/dropout/add; leave it False.",
+    "enable_sequence_overlap": "the plans' sequence-parallel regions do not overlap their "
+    "communication; leave it False (Linear1D_Col(overlap=True) does, layer by layer).",
+    "inference_only": "kolossos has no inference-only plans; leave it False (the training plans "
+    "also run forward-only, e.g. under torch.no_grad()).",
+    "inference_gptq": "kolossos has no GPTQ support; leave it False.",
+}
+"""Colossal-AI options ShardFormer recognises but does not implement, with the fix."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +58,10 @@ class ShardConfig:
 
     tensor_parallel_process_group: ProcessGroup | None = None
     """Ranks the weights are split over; ``None``: the default (world) group."""
+    pipeline_stage_manager: Any = None
+    """Colossal-AI's pipeline stage manager: ShardFormer does not cut pipeline stages itself, so
+    anything but ``None`` raises ``NotImplementedError`` (``HybridParallelPlugin(pp_size=...)``
+    builds the stages)."""
     enable_tensor_parallelism: bool = True
     """Replace the plan's layers by tensor-parallel ones. ``False``: the model is left unsharded
     (``optimize`` still reports its tied weights)."""
@@ -37,9 +71,31 @@ class ShardConfig:
     sequence_parallelism_mode: str = "split_gather"
     """Only ``'split_gather'`` (all-gather into the column layers, reduce-scatter out of the row
     layers). Read only when ``enable_sequence_parallelism`` is set."""
+    enable_sequence_overlap: bool = False
+    """Colossal-AI's overlap of sequence-parallel communication with computation inside the
+    plans: not implemented (``True`` raises ``NotImplementedError``); the layers themselves
+    offer it (``Linear1D_Col(overlap=True)``)."""
+    enable_fused_normalization: bool = False
+    """Apex fused norms: not available (``True`` raises ``NotImplementedError``); PyTorch's
+    ``nn.LayerNorm`` already is one fused kernel, see
+    ``kolossos.shardformer.layer.FusedLayerNorm``."""
+    enable_flash_attention: bool = False
+    """Colossal-AI's flash-attention forwards: not implemented (``True`` raises
+    ``NotImplementedError``); transformers' SDPA attention is used as it is."""
+    enable_jit_fused: bool = False
+    """JIT-fused bias/dropout/add: not implemented (``True`` raises ``NotImplementedError``)."""
     enable_all_optimization: bool = False
-    """Colossal-AI's fused kernels (fused norms, flash attention, JIT ops): not implemented, so
-    ``True`` raises ``NotImplementedError``."""
+    """Colossal-AI's switch for all of the above (fused norms, flash attention, JIT ops, sequence
+    parallelism and overlap): not implemented, so ``True`` raises ``NotImplementedError``."""
+    inference_only: bool = False
+    """Colossal-AI 0.3.4's inference-only plans (inference kernels, KV cache): not implemented
+    (``True`` raises ``NotImplementedError``); the training plans run forward-only as well."""
+    inference_gptq: bool = False
+    """Colossal-AI 0.3.4's GPTQ-quantised inference: not implemented (``True`` raises
+    ``NotImplementedError``)."""
+    extra_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Colossal-AI 0.3.5+'s extra options (``inference_only``, ``quant``): none is implemented,
+    so a non-empty dict raises ``NotImplementedError`` naming its keys."""
     parallel_output: bool = True
     """``True``: the LM head's logits stay split over the vocabulary and a loss requested with
     ``labels`` is a vocabulary-parallel cross-entropy (full logits are never built). ``False``:
@@ -49,12 +105,7 @@ class ShardConfig:
     the tensor-parallel size (padding rows are masked out of the loss and stripped on gather)."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "enable_tensor_parallelism",
-            "enable_sequence_parallelism",
-            "enable_all_optimization",
-            "parallel_output",
-        ):
+        for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"ShardConfig.{name}={getattr(self, name)!r} must be a bool.")
         if self.enable_all_optimization:
@@ -63,12 +114,31 @@ class ShardConfig:
                 "normalization, flash attention, JIT ops) in its plans; leave it False "
                 "(transformers already uses PyTorch's SDPA attention)."
             )
+        self._check_unsupported()
         self._check_sequence_parallelism()
         size = self.make_vocab_size_divisible_by
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(
                 f"ShardConfig.make_vocab_size_divisible_by={size!r} must be a positive int "
                 "(1: pad the vocabulary only to a multiple of the tensor-parallel size)."
+            )
+
+    def _check_unsupported(self) -> None:
+        for name, why in _UNSUPPORTED.items():
+            if getattr(self, name):
+                raise NotImplementedError(f"ShardConfig({name}=True) is not implemented: {why}")
+        if self.pipeline_stage_manager is not None:
+            raise NotImplementedError(
+                "ShardConfig(pipeline_stage_manager=...) is not implemented: ShardFormer shards "
+                "the whole model; use HybridParallelPlugin(pp_size=...) for pipeline stages, or "
+                "leave it None."
+            )
+        if not isinstance(self.extra_kwargs, dict):
+            raise TypeError(f"ShardConfig.extra_kwargs={self.extra_kwargs!r} must be a dict.")
+        if self.extra_kwargs:
+            raise NotImplementedError(
+                f"ShardConfig(extra_kwargs={self.extra_kwargs!r}): no extra option is implemented "
+                f"(unsupported keys: {sorted(self.extra_kwargs)}); pass an empty dict."
             )
 
     def _check_sequence_parallelism(self) -> None:
@@ -116,6 +186,11 @@ class ShardConfig:
         if not self.enable_tensor_parallelism:
             return 1
         return dist.get_world_size(self.tp_group)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Colossal-AI's name of :attr:`tp_size`."""
+        return self.tp_size
 
     @property
     def sequence_parallel(self) -> bool:

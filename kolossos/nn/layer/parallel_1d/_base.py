@@ -22,17 +22,41 @@ from kolossos.nn.layer.parallel_1d.sharding import (
 
 __all__ = [
     "SEQ_PARALLEL_MODES",
+    "GroupArg",
     "ParallelModule1D",
     "check_seq_parallel_mode",
     "deepcopy_sharing_group",
     "is_conv1d",
+    "reject_positional",
     "resolve_group",
+    "resolve_seq_parallel",
+    "single_group",
+    "to_factory",
     "trainable",
 ]
 
 SEQ_PARALLEL_MODES = ("split_gather",)
 """Sequence-parallel modes the 1D layers implement (Megatron's all-gather in, reduce-scatter
 out). Colossal-AI's other modes are attention-level schemes and raise ``NotImplementedError``."""
+
+
+GroupArg = ProcessGroup | list[ProcessGroup] | tuple[ProcessGroup, ...] | None
+"""A process group as the layers accept it: a group, a one-element list of one (Colossal-AI's
+sharder passes those), or ``None`` for the world."""
+
+
+def reject_positional(owner: str, args: tuple[Any, ...]) -> None:
+    """Refuse positional options to ``from_native_module`` (Colossal-AI's signature has
+    ``*args``, but they would land on the constructor's first parameters).
+
+    Raises:
+        TypeError: ``args`` is not empty.
+    """
+    if args:
+        raise TypeError(
+            f"{owner}.from_native_module: got {len(args)} positional option(s) {args!r}; pass "
+            "the layer's options by keyword (e.g. gather_output=True)."
+        )
 
 
 def check_seq_parallel_mode(mode: str | None) -> str | None:
@@ -43,6 +67,70 @@ def check_seq_parallel_mode(mode: str | None) -> str | None:
         f"seq_parallel_mode={mode!r} is not implemented by the 1D layers; use 'split_gather' "
         "(Megatron sequence parallelism) or None."
     )
+
+
+def resolve_seq_parallel(
+    owner: str,
+    seq_parallel_mode: str | None,
+    seq_parallel: bool,
+    seq_dim: int | None,
+    seq_parallel_dim: int,
+) -> tuple[str | None, int]:
+    """Merge kolossos' ``seq_parallel_mode`` / ``seq_dim`` with Colossal-AI's ``seq_parallel``
+    (``True`` means ``"split_gather"``) / ``seq_parallel_dim`` into ``(mode, dim)``.
+
+    Raises:
+        TypeError: ``seq_parallel`` is not a bool.
+        ValueError: ``seq_dim`` and ``seq_parallel_dim`` name different dimensions.
+        NotImplementedError: an unsupported mode.
+    """
+    if not isinstance(seq_parallel, bool):
+        raise TypeError(f"{owner}: seq_parallel={seq_parallel!r} must be a bool.")
+    if seq_parallel_mode is None and seq_parallel:
+        seq_parallel_mode = SEQ_PARALLEL_MODES[0]
+    mode = check_seq_parallel_mode(seq_parallel_mode)
+    if seq_dim is None:
+        return mode, seq_parallel_dim
+    if seq_parallel_dim != 1 and seq_parallel_dim != seq_dim:
+        raise ValueError(
+            f"{owner}: seq_dim={seq_dim} and seq_parallel_dim={seq_parallel_dim} name different "
+            "sequence dimensions; they are the same option, pass only one of them."
+        )
+    return mode, seq_dim
+
+
+def single_group(process_group: GroupArg) -> ProcessGroup | None:
+    """``process_group``, unwrapped from the one-element list Colossal-AI's sharder may pass.
+
+    Raises:
+        ValueError: a list or tuple that does not hold exactly one group.
+    """
+    if isinstance(process_group, (list, tuple)):
+        if len(process_group) != 1:
+            raise ValueError(
+                f"1D tensor-parallel layers use one process group, got a list of "
+                f"{len(process_group)}; pass the tensor-parallel group itself."
+            )
+        return process_group[0]
+    return process_group
+
+
+def to_factory(
+    tensor: torch.Tensor | None,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+) -> torch.Tensor | None:
+    """``tensor`` moved to ``device`` / cast to ``dtype`` where given (as Colossal-AI's layers do
+    with the weights they are handed); a parameter keeps its ``requires_grad``."""
+    if tensor is None or (device is None and dtype is None):
+        return tensor
+    same_dtype = dtype is None or tensor.dtype == dtype
+    if same_dtype and (device is None or tensor.device == torch.device(device)):
+        return tensor
+    moved = tensor.detach().to(device=device, dtype=dtype)
+    if isinstance(tensor, nn.Parameter):
+        return nn.Parameter(moved, requires_grad=tensor.requires_grad)
+    return moved
 
 
 def is_conv1d(module: nn.Module) -> bool:
@@ -57,8 +145,10 @@ def trainable(tensor: torch.Tensor) -> bool:
     return tensor.requires_grad if isinstance(tensor, nn.Parameter) else True
 
 
-def resolve_group(process_group: ProcessGroup | None) -> ProcessGroup:
-    """``process_group``, or the default (world) group when ``None``."""
+def resolve_group(process_group: GroupArg) -> ProcessGroup:
+    """``process_group`` (or the one group of a one-element list, see :func:`single_group`), or
+    the default (world) group when ``None``."""
+    process_group = single_group(process_group)
     if not dist.is_initialized():
         raise RuntimeError(
             "tensor-parallel layers need torch.distributed; call kolossos.launch(...) (or "
@@ -114,7 +204,7 @@ class ParallelModule1D(nn.Module):
                 for key, value in attrs.items():
                     setattr(param, key, value)
 
-    def _init_group(self, process_group: ProcessGroup | None) -> None:
+    def _init_group(self, process_group: GroupArg) -> None:
         self.process_group = resolve_group(process_group)
         self.tp_size = dist.get_world_size(self.process_group)
         self.tp_rank = dist.get_rank(self.process_group)
@@ -140,6 +230,31 @@ class ParallelModule1D(nn.Module):
             group=self.process_group,
         )
         param = nn.Parameter(slice_tp_shard(full.detach(), spec, self.tp_rank), requires_grad)
+        set_tp_spec(param, spec)
+        return param
+
+    def _empty_shard(
+        self,
+        full_shape: tuple[int, ...],
+        dim: int | None,
+        *,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+        fused_sections: tuple[int, ...] | None = None,
+        padded: int = 0,
+    ) -> nn.Parameter:
+        """An uninitialised parameter of this rank's shard shape (the full shape when ``dim`` is
+        ``None``), with its :class:`TPShardSpec` attached, for an initializer to fill."""
+        if dim is None:
+            return nn.Parameter(torch.empty(full_shape, device=device, dtype=dtype))
+        spec = TPShardSpec(
+            dim=dim,
+            full_shape=full_shape,
+            fused_sections=fused_sections,
+            padded=padded,
+            group=self.process_group,
+        )
+        param = nn.Parameter(torch.empty(spec.shard_shape(), device=device, dtype=dtype))
         set_tp_spec(param, spec)
         return param
 

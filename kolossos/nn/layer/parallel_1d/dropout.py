@@ -9,16 +9,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed import ProcessGroup
 
-from kolossos.nn.layer.parallel_1d._base import deepcopy_sharing_group, resolve_group
+from kolossos.nn.layer.parallel_1d._base import (
+    GroupArg,
+    ParallelModule1D,
+    deepcopy_sharing_group,
+    resolve_group,
+)
 from kolossos.nn.layer.parallel_1d.random import ensure_tp_rng_states, get_tp_rng_tracker
 
 __all__ = ["Dropout1D", "DropoutForParallelInput", "DropoutForReplicatedInput"]
 
 
-class Dropout1D(nn.Dropout):
-    """``nn.Dropout`` drawing its mask from the group's tensor-parallel random state.
+class Dropout1D(ParallelModule1D, nn.Dropout):
+    """``nn.Dropout`` drawing its mask from the group's tensor-parallel random state (a
+    :class:`ParallelModule1D` without parameters, so ``isinstance`` checks for Colossal-AI's
+    ``ParallelModule`` hold).
 
     Masks derive from the default generator (see :mod:`kolossos.nn.layer.parallel_1d.random`):
     reproduced under activation checkpointing, identical on the ranks of the group when their
@@ -38,7 +44,7 @@ class Dropout1D(nn.Dropout):
         inplace: bool = False,
         *,
         parallel_input: bool = False,
-        process_group: ProcessGroup | None = None,
+        process_group: GroupArg = None,
     ) -> None:
         super().__init__(p, inplace)
         self.parallel_input = parallel_input
@@ -51,10 +57,11 @@ class Dropout1D(nn.Dropout):
 
     @classmethod
     def from_native_module(
-        cls, module: nn.Module, process_group: ProcessGroup | None = None, **options: Any
+        cls, module: nn.Module, process_group: GroupArg = None, **options: Any
     ) -> Dropout1D:
         """Build from an ``nn.Dropout`` (same ``p`` and ``inplace``; ``options``:
-        ``parallel_input``)."""
+        ``parallel_input`` for :class:`Dropout1D`; ``process_group`` may be a one-element
+        list)."""
         if not isinstance(module, nn.Dropout):
             raise TypeError(f"expected an nn.Dropout, got {type(module).__name__}.")
         return cls(module.p, module.inplace, process_group=process_group, **options)
@@ -73,7 +80,7 @@ class DropoutForParallelInput(Dropout1D):
     """:class:`Dropout1D` for sharded activations (independent masks per rank)."""
 
     def __init__(
-        self, p: float = 0.5, inplace: bool = False, *, process_group: ProcessGroup | None = None
+        self, p: float = 0.5, inplace: bool = False, process_group: GroupArg = None
     ) -> None:
         super().__init__(p, inplace, parallel_input=True, process_group=process_group)
 
@@ -82,6 +89,6 @@ class DropoutForReplicatedInput(Dropout1D):
     """:class:`Dropout1D` for replicated activations (the same mask on every rank)."""
 
     def __init__(
-        self, p: float = 0.5, inplace: bool = False, *, process_group: ProcessGroup | None = None
+        self, p: float = 0.5, inplace: bool = False, process_group: GroupArg = None
     ) -> None:
         super().__init__(p, inplace, parallel_input=False, process_group=process_group)

@@ -20,12 +20,14 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed import ProcessGroup
 
 from kolossos.nn.layer.parallel_1d._base import (
+    GroupArg,
     ParallelModule1D,
-    check_seq_parallel_mode,
     is_conv1d,
+    reject_positional,
+    resolve_seq_parallel,
+    to_factory,
     trainable,
 )
 from kolossos.nn.layer.parallel_1d._comm import (
@@ -36,6 +38,12 @@ from kolossos.nn.layer.parallel_1d._comm import (
     reduce_scatter_seq_gather_grad,
     split_to_tp,
 )
+from kolossos.nn.layer.parallel_1d.initializers import (
+    Initializer,
+    apply_initializer,
+    check_initializers,
+)
+from kolossos.nn.layer.parallel_1d.overlap import chunked_row_linear, overlapped_column_linear
 from kolossos.nn.layer.parallel_1d.sharding import mark_sequence_parallel
 
 __all__ = ["Linear1D_Col", "Linear1D_Row", "native_linear_weights"]
@@ -95,52 +103,111 @@ class _Linear1D(ParallelModule1D):
         device: torch.device | str | None,
         dtype: torch.dtype | None,
         fused_sections: tuple[int, ...] | None = None,
+        weight_initializer: Initializer | None = None,
+        bias_initializer: Initializer | None = None,
     ) -> None:
+        owner = type(self).__name__
+        inits = {"weight_initializer": weight_initializer, "bias_initializer": bias_initializer}
+        check_initializers(owner, weight is not None, **inits)
+        if weight is None and bias_ is not None:
+            raise ValueError(
+                f"{owner}: bias_ was given without weight; pass both full tensors, or neither "
+                "to let the layer initialise them."
+            )
+        if not bias and bias_ is not None:
+            raise ValueError(
+                f"{owner}: bias=False but a bias_ tensor was given; pass bias=True to use it."
+            )
         self.in_features, self.out_features = in_features, out_features
         self.conv1d_layout = conv1d_layout
-        if weight is None:
-            weight, bias_ = _default_full_weights(in_features, out_features, bias, device, dtype)
-            if conv1d_layout:
-                weight = weight.t()
-        expected = (in_features, out_features) if conv1d_layout else (out_features, in_features)
-        if tuple(weight.shape) != expected:
+        self._fused = fused_sections
+        if weight_initializer is not None:
+            self._init_weight(weight_initializer, device, dtype)
+        else:
+            if weight is None:  # the dense layer's draws (its bias unless one is initialised)
+                weight, default_bias = _default_full_weights(
+                    in_features, out_features, bias, device, dtype
+                )
+                bias_ = default_bias if bias_initializer is None else None
+                weight = weight.t() if conv1d_layout else weight
+            else:
+                weight, bias_ = to_factory(weight, device, dtype), to_factory(bias_, device, dtype)
+            assert weight is not None
+            self._set_weight(weight)
+        if not bias:
+            self.register_parameter("bias", None)
+        else:
+            self._set_bias(bias_, bias_initializer)
+
+    def _weight_layout(self) -> tuple[tuple[int, int], int]:
+        """The full weight's shape and the dimension of it that is split."""
+        dim = self._split_linear_dim
+        if self.conv1d_layout:
+            return (self.in_features, self.out_features), 1 - dim
+        return (self.out_features, self.in_features), dim
+
+    def _init_weight(
+        self, initializer: Initializer, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> None:
+        shape, dim = self._weight_layout()
+        self.weight = self._empty_shard(
+            shape, dim, device=device, dtype=dtype, fused_sections=self._fused
+        )
+        fans = {"fan_in": self.in_features, "fan_out": self.out_features}
+        apply_initializer(self.weight, initializer, self.process_group, sharded=True, **fans)
+
+    def _set_weight(self, weight: torch.Tensor) -> None:
+        shape, dim = self._weight_layout()
+        if tuple(weight.shape) != shape:
             raise ValueError(
                 f"{type(self).__name__}: weight of shape {tuple(weight.shape)} does not match "
-                f"in_features={in_features}, out_features={out_features} (expected {expected})."
+                f"in_features={self.in_features}, out_features={self.out_features} (expected "
+                f"{shape})."
             )
-        dim = self._split_linear_dim
-        weight_dim = 1 - dim if conv1d_layout else dim
         self.weight = self._shard_param(
-            weight, weight_dim, fused_sections=fused_sections, requires_grad=trainable(weight)
+            weight, dim, fused_sections=self._fused, requires_grad=trainable(weight)
         )
-        if not bias:
-            if bias_ is not None:
-                raise ValueError(
-                    f"{type(self).__name__}: bias=False but a bias_ tensor was given; pass "
-                    "bias=True to use it."
-                )
-            self.register_parameter("bias", None)
+
+    def _set_bias(self, bias_: torch.Tensor | None, initializer: Initializer | None) -> None:
+        dim = 0 if self._split_linear_dim == 0 else None  # column: split; row: replicated
+        sections = self._fused if dim is not None else None
+        device, dtype = self.weight.device, self.weight.dtype
+        if initializer is not None:
+            self.bias = self._empty_shard(
+                (self.out_features,), dim, device=device, dtype=dtype, fused_sections=sections
+            )
+            sharded = dim is not None
+            apply_initializer(
+                self.bias, initializer, self.process_group, sharded=sharded, fan_in=self.in_features
+            )
             return
         if bias_ is None:  # nn.Linear's bias initialisation
-            bound = 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
-            bias_ = torch.empty(out_features, device=weight.device, dtype=weight.dtype)
+            bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+            bias_ = torch.empty(self.out_features, device=device, dtype=dtype)
             bias_.uniform_(-bound, bound)
-        bias_dim = 0 if dim == 0 else None  # column: split; row: replicated
         self.bias = self._shard_param(
-            bias_, bias_dim, fused_sections=fused_sections, requires_grad=trainable(bias_)
+            bias_, dim, fused_sections=sections, requires_grad=trainable(bias_)
         )
 
     @classmethod
     def from_native_module(
-        cls: type[_L], module: nn.Module, process_group: ProcessGroup | None = None, **options: Any
+        cls: type[_L], module: nn.Module, process_group: GroupArg = None, *args: Any, **kwargs: Any
     ) -> _L:
         """Build from an ``nn.Linear`` or transformers ``Conv1D``, slicing its weights.
 
-        ``options`` are the constructor's keyword arguments (:class:`Linear1D_Col`:
-        ``gather_output``, ``seq_parallel_mode``, ``seq_dim``, ``skip_bias_add``,
-        ``input_comm``, ``fused_sections``; :class:`Linear1D_Row`: ``parallel_input``,
-        ``seq_parallel_mode``, ``seq_dim``, ``skip_bias_add``).
+        Args:
+            module: the layer to shard (left unchanged).
+            process_group: the tensor-parallel group (or a one-element list of it; ``None``:
+                the world).
+            args: not accepted (Colossal-AI's signature lists them); a ``TypeError`` names them.
+            kwargs: the constructor's keyword arguments (:class:`Linear1D_Col`:
+                ``gather_output``, ``seq_parallel``/``seq_parallel_mode``,
+                ``seq_parallel_dim``/``seq_dim``, ``overlap``, ``skip_bias_add``, ``input_comm``,
+                ``fused_sections``, ``dtype``, ``device``; :class:`Linear1D_Row`:
+                ``parallel_input``, the sequence-parallel options, ``skip_bias_add``,
+                ``stream_chunk_num``, ``dtype``, ``device``).
         """
+        reject_positional(cls.__name__, args)
         in_f, out_f, weight, bias, conv1d = native_linear_weights(module)
         return cls(
             in_f,
@@ -150,7 +217,7 @@ class _Linear1D(ParallelModule1D):
             weight=weight,
             bias_=bias,
             conv1d_layout=conv1d,
-            **options,
+            **kwargs,
         )
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -170,26 +237,39 @@ class _Linear1D(ParallelModule1D):
 class Linear1D_Col(_Linear1D):
     """Linear layer with the output features split over the tensor-parallel group.
 
+    The positional order is Colossal-AI's; kolossos' own options are keyword-only.
+
     Args:
         in_features: input size.
         out_features: full output size (divisible by the group size).
         bias: whether the layer has a bias (split like the output).
-        device: where to create the weights when ``weight`` is not given.
-        dtype: their dtype.
+        dtype: dtype of the weights (given weights are cast to it).
+        device: where the weights live (given weights are moved there).
         process_group: the tensor-parallel group (default: the world).
         gather_output: all-gather the output features so every rank has the full output.
+        seq_parallel: Colossal-AI's switch for ``seq_parallel_mode="split_gather"``.
+        seq_parallel_dim: Colossal-AI's name of ``seq_dim`` (default 1).
+        overlap: overlap the backward communication with the weight gradient (under sequence
+            parallelism the input is all-gathered again in backward, next to the input-gradient
+            matmul, instead of being stored; see :mod:`~kolossos.nn.layer.parallel_1d.overlap`).
+            Same numbers as without it.
+        skip_bias_add: return ``(output, bias)`` without adding the bias (for fusion).
+        weight: the full weight to shard (default: initialised as ``nn.Linear`` would).
+        bias_: the full bias to shard.
+        weight_initializer: ``init(shard, fan_in=in_features, fan_out=out_features)`` filling
+            this rank's weight shard (Colossal-AI's ``colossalai.nn.init`` style), drawn on the
+            per-rank random stream; only when ``weight`` is not given.
+        bias_initializer: ``init(shard, fan_in=in_features)`` for the bias shard.
         seq_parallel_mode: ``"split_gather"``: the input is a shard along ``seq_dim`` and is
             all-gathered (its gradient reduce-scattered); ``None``: the input is replicated.
         seq_dim: the sequence dimension of the input under sequence parallelism.
-        skip_bias_add: return ``(output, bias)`` without adding the bias (for fusion).
         input_comm: ``False``: the caller already made the input full and replicated (one
             ``copy_to_tp`` / ``gather_seq_reduce_scatter_grad`` at a block's input shared by q, k
             and v): no communication here, and the input gradient is this rank's partial sum,
-            summed by the caller's collective. Incompatible with ``seq_parallel_mode``.
+            summed by the caller's collective. Incompatible with ``seq_parallel_mode`` and
+            ``overlap``.
         fused_sections: sizes of fused output blocks (q, k, v), each split evenly, so each rank
             gets its part of every block.
-        weight: the full weight to shard (default: initialised as ``nn.Linear`` would).
-        bias_: the full bias to shard.
         conv1d_layout: ``weight`` is stored ``(in, out)`` as in transformers' ``Conv1D``.
 
     Example:
@@ -205,33 +285,45 @@ class Linear1D_Col(_Linear1D):
         in_features: int,
         out_features: int,
         bias: bool = True,
-        *,
-        device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-        process_group: ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        process_group: GroupArg = None,
         gather_output: bool = False,
-        seq_parallel_mode: str | None = None,
-        seq_dim: int = 1,
+        seq_parallel: bool = False,
+        seq_parallel_dim: int = 1,
+        overlap: bool | None = None,
         skip_bias_add: bool = False,
-        input_comm: bool = True,
-        fused_sections: tuple[int, ...] | None = None,
         weight: torch.Tensor | None = None,
         bias_: torch.Tensor | None = None,
+        weight_initializer: Initializer | None = None,
+        bias_initializer: Initializer | None = None,
+        *,
+        seq_parallel_mode: str | None = None,
+        seq_dim: int | None = None,
+        input_comm: bool = True,
+        fused_sections: tuple[int, ...] | None = None,
         conv1d_layout: bool = False,
     ) -> None:
         super().__init__()
+        name = type(self).__name__
         if skip_bias_add and gather_output:
             raise NotImplementedError(
-                "Linear1D_Col: skip_bias_add=True with gather_output=True is not supported (the "
+                f"{name}: skip_bias_add=True with gather_output=True is not supported (the "
                 "returned bias would be a shard); add the bias yourself or keep the output split."
             )
-        if not input_comm and seq_parallel_mode is not None:
+        self.seq_parallel_mode, self.seq_dim = resolve_seq_parallel(
+            name, seq_parallel_mode, seq_parallel, seq_dim, seq_parallel_dim
+        )
+        self.overlap = bool(overlap)
+        if not input_comm and (self.seq_parallel_mode is not None or self.overlap):
             raise ValueError(
-                f"Linear1D_Col: input_comm=False means the input arrives already gathered, so "
-                f"seq_parallel_mode={seq_parallel_mode!r} cannot apply; pass None."
+                f"{name}: input_comm=False means the input arrives already gathered, so "
+                f"seq_parallel_mode={self.seq_parallel_mode!r} / overlap={overlap!r} cannot "
+                "apply; drop them."
             )
-        self.seq_parallel_mode = check_seq_parallel_mode(seq_parallel_mode)
-        self.seq_dim, self.gather_output, self.skip_bias_add = seq_dim, gather_output, skip_bias_add
+        self.seq_parallel = self.seq_parallel_mode is not None
+        self.seq_parallel_dim = self.seq_dim
+        self.gather_output, self.skip_bias_add = gather_output, skip_bias_add
         self.input_comm = input_comm
         self.fused_sections = None if fused_sections is None else tuple(fused_sections)
         self._init_group(process_group)
@@ -245,6 +337,8 @@ class Linear1D_Col(_Linear1D):
             device,
             dtype,
             self.fused_sections,
+            weight_initializer,
+            bias_initializer,
         )
 
     def _gather(self, y: torch.Tensor) -> torch.Tensor:
@@ -258,11 +352,22 @@ class Linear1D_Col(_Linear1D):
         return torch.cat(blocks, dim=-1)
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
-        if self.seq_parallel_mode is not None:
-            x = gather_seq_reduce_scatter_grad(x, self.process_group, self.seq_dim)
-        elif self.input_comm:
-            x = copy_to_tp(x, self.process_group)
-        y = self._matmul(x, None if self.skip_bias_add else self.bias)
+        bias = None if self.skip_bias_add else self.bias
+        if self.overlap:
+            y = overlapped_column_linear(
+                x,
+                self.weight,
+                bias,
+                self.process_group,
+                seq_dim=self.seq_dim if self.seq_parallel_mode is not None else None,
+                conv1d_layout=self.conv1d_layout,
+            )
+        else:
+            if self.seq_parallel_mode is not None:
+                x = gather_seq_reduce_scatter_grad(x, self.process_group, self.seq_dim)
+            elif self.input_comm:
+                x = copy_to_tp(x, self.process_group)
+            y = self._matmul(x, bias)
         if self.gather_output:
             y = self._gather(y)
         return (y, self.bias) if self.skip_bias_add else y
@@ -273,21 +378,33 @@ class Linear1D_Row(_Linear1D):
     outputs are summed (all-reduce, or reduce-scatter along ``seq_dim`` under sequence
     parallelism). The bias is replicated and added after the reduction.
 
+    The positional order is Colossal-AI's; kolossos' own options are keyword-only.
+
     Args:
         in_features: full input size (divisible by the group size).
         out_features: output size.
         bias: whether the layer has a bias.
-        device: where to create the weights when ``weight`` is not given.
-        dtype: their dtype.
+        dtype: dtype of the weights (given weights are cast to it).
+        device: where the weights live (given weights are moved there).
         process_group: the tensor-parallel group (default: the world).
+        seq_parallel: Colossal-AI's switch for ``seq_parallel_mode="split_gather"``.
+        seq_parallel_dim: Colossal-AI's name of ``seq_dim`` (default 1).
         parallel_input: the input is already split along its last dimension (the output of a
             :class:`Linear1D_Col`); ``False`` splits a replicated input here.
-        seq_parallel_mode: ``"split_gather"``: reduce-scatter the output along ``seq_dim`` (the
-            bias is then marked sequence-parallel: its gradient needs a sum over the group).
-        seq_dim: the sequence dimension of the output under sequence parallelism.
         skip_bias_add: return ``(output, bias)`` without adding the bias.
         weight: the full weight to shard (default: initialised as ``nn.Linear`` would).
         bias_: the full bias.
+        weight_initializer: ``init(shard, fan_in=in_features, fan_out=out_features)`` filling
+            this rank's weight shard, drawn on the per-rank random stream; only when ``weight``
+            is not given.
+        bias_initializer: ``init(bias, fan_in=in_features)`` for the (replicated) bias, drawn
+            on the replicated stream: the same bias on every rank.
+        stream_chunk_num: inference only: split the output features into this many chunks whose
+            all-reduces are issued asynchronously, one per chunk (a ``RuntimeError`` in training
+            mode, as in Colossal-AI).
+        seq_parallel_mode: ``"split_gather"``: reduce-scatter the output along ``seq_dim`` (the
+            bias is then marked sequence-parallel: its gradient needs a sum over the group).
+        seq_dim: the sequence dimension of the output under sequence parallelism.
         conv1d_layout: ``weight`` is stored ``(in, out)`` as in transformers' ``Conv1D``.
     """
 
@@ -298,35 +415,74 @@ class Linear1D_Row(_Linear1D):
         in_features: int,
         out_features: int,
         bias: bool = True,
-        *,
-        device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-        process_group: ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        process_group: GroupArg = None,
+        seq_parallel: bool = False,
+        seq_parallel_dim: int = 1,
         parallel_input: bool = True,
-        seq_parallel_mode: str | None = None,
-        seq_dim: int = 1,
         skip_bias_add: bool = False,
         weight: torch.Tensor | None = None,
         bias_: torch.Tensor | None = None,
+        weight_initializer: Initializer | None = None,
+        bias_initializer: Initializer | None = None,
+        stream_chunk_num: int = 1,
+        *,
+        seq_parallel_mode: str | None = None,
+        seq_dim: int | None = None,
         conv1d_layout: bool = False,
     ) -> None:
         super().__init__()
-        self.seq_parallel_mode = check_seq_parallel_mode(seq_parallel_mode)
-        self.seq_dim, self.parallel_input = seq_dim, parallel_input
-        self.skip_bias_add = skip_bias_add
+        name = type(self).__name__
+        self.seq_parallel_mode, self.seq_dim = resolve_seq_parallel(
+            name, seq_parallel_mode, seq_parallel, seq_dim, seq_parallel_dim
+        )
+        self.seq_parallel = self.seq_parallel_mode is not None
+        self.seq_parallel_dim = self.seq_dim
+        if isinstance(stream_chunk_num, bool) or not isinstance(stream_chunk_num, int):
+            raise TypeError(f"{name}: stream_chunk_num={stream_chunk_num!r} must be an int >= 1.")
+        if stream_chunk_num < 1:
+            raise ValueError(f"{name}: stream_chunk_num={stream_chunk_num} must be >= 1.")
+        if stream_chunk_num > 1 and self.seq_parallel:
+            raise NotImplementedError(
+                f"{name}: stream_chunk_num={stream_chunk_num} (chunked all-reduce for inference) "
+                "cannot be combined with sequence parallelism; use stream_chunk_num=1."
+            )
+        self.stream_chunk_num = stream_chunk_num
+        self.parallel_input, self.skip_bias_add = parallel_input, skip_bias_add
         self._init_group(process_group)
-        self._build(in_features, out_features, bias, weight, bias_, conv1d_layout, device, dtype)
+        self._build(
+            in_features,
+            out_features,
+            bias,
+            weight,
+            bias_,
+            conv1d_layout,
+            device,
+            dtype,
+            weight_initializer=weight_initializer,
+            bias_initializer=bias_initializer,
+        )
         if self.bias is not None and self.seq_parallel_mode is not None:
             mark_sequence_parallel(self.bias)
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
         if not self.parallel_input:
             x = split_to_tp(x, self.process_group, dim=-1)
-        y = self._matmul(x, None)
-        if self.seq_parallel_mode is not None:
-            y = reduce_scatter_seq_gather_grad(y, self.process_group, self.seq_dim)
+        if self.stream_chunk_num > 1:
+            if self.training:
+                raise RuntimeError(
+                    f"{type(self).__name__}: stream_chunk_num={self.stream_chunk_num} is for "
+                    "inference only; call .eval() or build the layer with stream_chunk_num=1."
+                )
+            weight = self.weight.t() if self.conv1d_layout else self.weight
+            y = chunked_row_linear(x, weight, self.stream_chunk_num, self.process_group)
         else:
-            y = reduce_from_tp(y, self.process_group)
+            y = self._matmul(x, None)
+            if self.seq_parallel_mode is not None:
+                y = reduce_scatter_seq_gather_grad(y, self.process_group, self.seq_dim)
+            else:
+                y = reduce_from_tp(y, self.process_group)
         if self.skip_bias_add:
             return y, self.bias
         return y if self.bias is None else y + self.bias
