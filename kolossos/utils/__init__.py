@@ -1,4 +1,5 @@
-"""Utilities the documented scripts import: devices, seeding, rank-0 printing, checkpoints.
+"""Utilities the documented scripts import: devices, seeding, rank-0 printing, checkpoints,
+``conditional_context``.
 
 ``save_checkpoint`` / ``load_checkpoint`` live in :mod:`kolossos.checkpoint_io.legacy_checkpoint`
 and are resolved lazily here, so importing a utility (e.g. :mod:`kolossos.utils.seed`) does not
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kolossos._lazy import lazy_attributes
 from kolossos.utils.common import get_current_device, print_rank_0
+from kolossos.utils.context import conditional_context
 from kolossos.utils.seed import set_seed
 
 if TYPE_CHECKING:
@@ -23,6 +25,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "conditional_context",
     "get_current_device",
     "load_checkpoint",
     "print_rank_0",

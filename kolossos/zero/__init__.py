@@ -8,7 +8,12 @@ below are those Colossal-AI 0.3 exports from ``colossalai.zero`` (``ZeroDDP`` an
 """
 
 from kolossos.utils.model.colo_init_context import ColoInitContext, post_process_colo_init_ctx
-from kolossos.zero.gemini import GeminiAdamOptimizer, GeminiDDP, GeminiOptimizer
+from kolossos.zero.gemini import (
+    GeminiAdamOptimizer,
+    GeminiDDP,
+    GeminiOptimizer,
+    get_static_torch_model,
+)
 from kolossos.zero.low_level import LowLevelZeroModel, LowLevelZeroOptimizer
 from kolossos.zero.wrapper import zero_model_wrapper, zero_optim_wrapper
 
@@ -24,6 +29,7 @@ __all__ = [
     "LowLevelZeroOptimizer",
     "ZeroDDP",
     "ZeroOptimizer",
+    "get_static_torch_model",
     "post_process_colo_init_ctx",
     "zero_model_wrapper",
     "zero_optim_wrapper",

@@ -15,7 +15,7 @@ from kolossos.zero.gemini.chunk import (
     InvalidTransitionError,
     TensorState,
     check_transition,
-    search_chunk_configuration,
+    find_chunk_configuration,
     search_chunk_size,
 )
 
@@ -65,7 +65,7 @@ def test_search_wastes_under_two_percent_on_gpt2(n_embd: int, n_layer: int, n_he
     with torch.device("meta"):
         model = GPT2LMHeadModel(GPT2Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head))
     for hidden_dim in (None, n_embd):
-        config, result = search_chunk_configuration(model, 32, 32, hidden_dim=hidden_dim)
+        config, result = find_chunk_configuration(model, 32, 32, hidden_dim=hidden_dim)
         assert result.used == sum(p.numel() for p in model.parameters())  # tied wte counted once
         assert result.wasted_percentage < 2.0, result.report()
         assert 32 * 2**20 <= config["chunk_size"] <= 64 * 2**20
@@ -79,7 +79,7 @@ def test_search_wastes_under_two_percent_on_gpt2(n_embd: int, n_layer: int, n_he
 
 
 def test_small_models_go_into_one_chunk() -> None:
-    config, result = search_chunk_configuration(nn.Linear(64, 64), 1, 0.01)
+    config, result = find_chunk_configuration(nn.Linear(64, 64), 1, 0.01)
     assert config == {"chunk_size": 64 * 64 + 64, "keep_gathered": False}
     assert result.wasted == 0 and result.report().startswith("searching chunk configuration")
 

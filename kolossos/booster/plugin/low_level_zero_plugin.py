@@ -70,6 +70,7 @@ class LowLevelZeroPlugin(DPPluginBase):
         communication_dtype: torch.dtype | None = None,
         overlap_communication: bool = True,
         cpu_offload: bool = False,
+        master_weights: bool = True,
         verbose: bool = False,
     ) -> None:
         self.config = config_from_arguments(LowLevelZeroConfig, locals())

@@ -2,7 +2,7 @@
 ``TorchFSDPPlugin`` (FSDP2 units).
 
 * **Gemini** packs the parameters, in registration order, into chunks (the same chunk-size search
-  as :func:`kolossos.zero.gemini.chunk.search_chunk_configuration`: a model under
+  as :func:`kolossos.zero.gemini.chunk.find_chunk_configuration`: a model under
   ``min_chunk_size_m`` = 32 Mi elements is one chunk). Per chunk of ``C`` elements a rank keeps
   its fp32 master and AdamW states (``12 C / N``); while the chunk is in use the full payload in
   the working dtype (``W C``) and, for fp16/bf16, a working copy of its shard (``W C / N``);

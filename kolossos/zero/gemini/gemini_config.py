@@ -67,8 +67,9 @@ class GeminiConfig:
     """
 
     chunk_config_dict: dict[Any, Any] | None = None
-    """A ready chunk configuration (e.g. from ``search_chunk_configuration``); replaces the
-    search, so ``search_range_m``, ``hidden_dim`` and ``min_chunk_size_m`` must stay default."""
+    """A ready chunk configuration ``{"chunk_size": elements}`` (e.g. the entry ``config[N]`` of
+    what ``search_chunk_configuration`` returns); replaces the search, so ``search_range_m``,
+    ``hidden_dim`` and ``min_chunk_size_m`` must stay default."""
     chunk_init_device: torch.device | None = None
     """Where chunks are first allocated (default: where the placement policy puts them)."""
     placement_policy: str = "static"
@@ -179,8 +180,8 @@ class GeminiConfig:
             if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or extra:
                 raise ValueError(
                     f"chunk_config_dict={self.chunk_config_dict!r}: expected {{'chunk_size': "
-                    "elements (a positive int), 'keep_gathered': False}, as returned by "
-                    "search_chunk_configuration."
+                    "elements (a positive int), 'keep_gathered': False}: one entry config[N] "
+                    "of what search_chunk_configuration returns (keyed by the group size N)."
                 )
             if self.chunk_config_dict.get("keep_gathered"):
                 raise NotImplementedError(

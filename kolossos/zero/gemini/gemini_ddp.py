@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -28,7 +29,7 @@ from kolossos.accelerator import get_accelerator
 from kolossos.amp import cast_floating
 from kolossos.interface import ModelWrapper
 from kolossos.lazy import is_lazy, lazy_named_tensors
-from kolossos.zero.gemini.chunk import ChunkManager, search_chunk_configuration, unique_params
+from kolossos.zero.gemini.chunk import ChunkManager, find_chunk_configuration, unique_params
 from kolossos.zero.gemini.full_tensors import FullTensorIO
 from kolossos.zero.gemini.gemini_hooks import GeminiHooks
 from kolossos.zero.gemini.lazy_chunks import fill_chunks_lazily
@@ -56,8 +57,9 @@ class GeminiDDP(ModelWrapper):
     Args:
         module: the model (its parameters are taken over: each becomes a view into a gathered
             chunk while in use and an empty placeholder otherwise).
-        chunk_config_dict: ``{"chunk_size": elements}`` (e.g. from
-            :func:`~kolossos.zero.gemini.chunk.search_chunk_configuration`); ``None`` searches.
+        chunk_config_dict: ``{"chunk_size": elements}`` (e.g. the entry ``config[N]`` of
+            :func:`~kolossos.zero.gemini.chunk.search_chunk_configuration`'s result); ``None``
+            searches.
         chunk_init_device: where chunk shards start (the compute device or ``"cpu"``); the
             placement policy moves them from there. ``None``: the compute device.
         placement_policy: ``"static"``, ``"auto"`` or the aliases ``"cuda"``, ``"cpu"``,
@@ -123,7 +125,7 @@ class GeminiDDP(ModelWrapper):
         if not lazy:
             self._prepare_module(module, compute)
         if chunk_config_dict is None:
-            chunk_config_dict, result = search_chunk_configuration(
+            chunk_config_dict, result = find_chunk_configuration(
                 module, search_range_m, min_chunk_size_m, hidden_dim
             )
             if verbose and _is_first_rank():
@@ -326,27 +328,77 @@ class GeminiDDP(ModelWrapper):
 
     def state_dict(  # type: ignore[override]
         self,
-        *args: Any,
         destination: dict[str, Any] | None = None,
         prefix: str = "",
         keep_vars: bool = False,
+        only_rank_0: bool = True,
     ) -> dict[str, Any]:
-        """The full model state (fp32 parameters, on every rank; COLLECTIVE), keyed as the
-        wrapped module's own ``state_dict`` (tied parameters under every name)."""
-        if args:
-            raise NotImplementedError("GeminiDDP.state_dict takes keyword arguments only.")
-        out: dict[str, Any] = destination if destination is not None else {}
-        full = {name: t.detach().clone() for name, t in self.named_full_tensors()}
+        """The full model state, keyed as the wrapped module's own ``state_dict`` (tied
+        parameters under every name, in torch's order): parameters as fp32 CPU copies of the
+        masters, persistent buffers as they are. COLLECTIVE (one all-gather per chunk).
+
+        Args:
+            destination: a dict to fill and return (default: a new ``OrderedDict``).
+            prefix: prepended to every key.
+            keep_vars: not supported (must be ``False``): the parameters exist only as chunk
+                shards, so there are no full ``Parameter`` objects to return.
+            only_rank_0: as in Colossal-AI, only the group's first rank gets the parameters'
+                values; the others get empty tensors in their place (buffers everywhere).
+                ``False``: every rank gets them.
+
+        Raises:
+            NotImplementedError: ``keep_vars=True``.
+        """
+        if keep_vars:
+            raise NotImplementedError(
+                "GeminiDDP.state_dict(keep_vars=True) is not supported: parameters exist only "
+                "as chunk shards; use keep_vars=False (full detached copies)."
+            )
+        keep = not only_rank_0 or _group_rank(self.process_group) == 0
+        params = {info.name for chunk in self.chunk_manager for info in chunk.tensors}
+        full: dict[str, torch.Tensor] = {}
+        for name, tensor in self.named_full_tensors():
+            if name not in params:
+                full[name] = tensor.detach()
+            elif keep:
+                full[name] = tensor.detach().to("cpu", copy=True)
+            else:
+                full[name] = torch.empty(0)
         for alias, first in self.tied_aliases().items():
             full[alias] = full[first]
-        for name, value in full.items():
-            out[prefix + name] = value
+        out: dict[str, Any] = destination if destination is not None else OrderedDict()
+        if destination is None:
+            out._metadata = OrderedDict()  # type: ignore[attr-defined]
+        for mod_name, sub in self.module.named_modules(remove_duplicate=False):
+            if destination is None:
+                key = prefix + mod_name if mod_name else prefix[:-1]
+                out._metadata[key] = {"version": sub._version}  # type: ignore[attr-defined]
+            local = [*sub._parameters, *sub._buffers]
+            for name in local:
+                qualified = f"{mod_name}.{name}" if mod_name else name
+                if qualified in full:
+                    out[prefix + qualified] = full[qualified]
         return out
 
     def load_state_dict(  # type: ignore[override]
         self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False
     ) -> Any:
-        """Load a full state dict (as returned by :meth:`state_dict` or the plain module)."""
+        """Load a full state dict (as :meth:`state_dict` with ``only_rank_0=False`` or the plain
+        module returns it): every rank copies its slice of each parameter into its shards and
+        masters, and the buffers. Not collective: each rank reads its own ``state_dict``.
+
+        Args:
+            state_dict: full tensors by name (tied parameters under any of their names).
+            strict: raise when keys are missing or unexpected.
+            assign: not supported (must be ``False``): chunks own the storage.
+
+        Returns:
+            ``(missing_keys, unexpected_keys)`` as torch's ``_IncompatibleKeys``.
+
+        Raises:
+            RuntimeError: ``strict`` and keys are missing or unexpected.
+            ValueError: a tensor's shape differs from the model's.
+        """
         if assign:
             raise NotImplementedError("GeminiDDP.load_state_dict does not support assign=True.")
         consumed = self.load_full_tensors(state_dict.items())
@@ -354,7 +406,10 @@ class GeminiDDP(ModelWrapper):
         missing = sorted(expected - consumed - set(self.tied_aliases()))
         unexpected = sorted(set(state_dict) - consumed)
         if strict and (missing or unexpected):
-            raise RuntimeError(f"missing keys {missing}, unexpected keys {unexpected}.")
+            raise RuntimeError(
+                f"Error(s) in loading state_dict for GeminiDDP: missing keys {missing}, "
+                f"unexpected keys {unexpected}."
+            )
         return nn.modules.module._IncompatibleKeys(missing, unexpected)
 
 
@@ -364,13 +419,18 @@ def _chunk_size(config: dict[str, Any]) -> int:
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or unknown:
         raise ValueError(
             f"chunk_config_dict={config!r}: expected {{'chunk_size': positive int}} (elements), "
-            "as returned by search_chunk_configuration."
+            "e.g. the entry config[N] of what search_chunk_configuration returns (keyed by the "
+            "group size N)."
         )
     if config.get("keep_gathered"):
         raise NotImplementedError(
             "chunk_config_dict keep_gathered=True: use shard_param_frac=0.0 instead."
         )
     return size
+
+
+def _group_rank(group: dist.ProcessGroup | None) -> int:
+    return dist.get_rank(group) if dist.is_initialized() else 0
 
 
 def _is_first_rank() -> bool:

@@ -91,6 +91,11 @@ class GeminiHooks:
                     hook = self._grad_hook(chunk, info.param)
                     self._handles.append(info.param.register_post_accumulate_grad_hook(hook))
 
+    @property
+    def handle_ids(self) -> frozenset[int]:
+        """The ids of the installed hooks (keys in the modules' and parameters' hook dicts)."""
+        return frozenset(handle.id for handle in self._handles)
+
     def remove(self) -> None:
         """Remove every hook."""
         for handle in self._handles:

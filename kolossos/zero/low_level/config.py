@@ -47,6 +47,8 @@ class LowLevelZeroConfig:
     """Reduce gradient buckets while backward continues."""
     cpu_offload: bool = False
     """fp32 master weights, gradient partitions and optimizer states on the CPU."""
+    master_weights: bool = True
+    """Keep fp32 master weights (``False``: the optimizer steps the working weights)."""
     verbose: bool = False
     """Log the partition layout and loss-scale changes on rank 0."""
 
@@ -77,7 +79,7 @@ class LowLevelZeroConfig:
                 f"communication_dtype={self.communication_dtype!r} must be None, torch.float16, "
                 "torch.bfloat16 or torch.float32."
             )
-        check_flags(self, ("overlap_communication", "cpu_offload", "verbose"))
+        check_flags(self, ("overlap_communication", "cpu_offload", "master_weights", "verbose"))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -96,4 +98,5 @@ class LowLevelZeroConfig:
             "overlap_communication": self.overlap_communication,
             "partition_grad": self.stage == 2,
             "cpu_offload": self.cpu_offload,
+            "master_weights": self.master_weights,
         }

@@ -47,7 +47,10 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
     Wraps an optimizer built over the model's parameters. Each parameter group becomes one flat
     buffer (the parameters turn into views of it), split evenly over the data-parallel ranks; the
     wrapped optimizer is re-pointed, in place (LR schedulers keep working), at this rank's fp32
-    master partitions, one per group, keeping every group's hyper-parameters. fp16 parameters
+    master partitions (with ``master_weights=False``: its slices of the working weights), one
+    per group, keeping every group's hyper-parameters. ``state_dict()`` / ``load_state_dict()``
+    speak torch's format with full per-parameter states (see
+    :class:`~kolossos.zero.low_level.optim_state.PartitionedStateMixin`). fp16 parameters
     get a dynamic loss scale (overflow is agreed on by all ranks); bf16 and fp32 need none.
 
     Always back-propagate through :meth:`backward` (``booster.backward``): it scales the loss
@@ -65,8 +68,13 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         partition_grad: ZeRO-2 (also shard gradients).
         cpu_offload: master weights, gradient partition and optimizer states on the CPU.
         dp_process_group: the data-parallel group (default: all ranks).
-        tp_process_group: not supported (must be ``None``).
         forced_dtype: cast the parameters to this dtype first.
+        moe_extra_dp_process_group: not supported (must be ``None``): no expert-parallel
+            (MoE) parameters; every parameter is sharded over ``dp_process_group``.
+        master_weights: keep fp32 master partitions (default). ``False``: no fp32 copy; the
+            wrapped optimizer steps this rank's slice of the working weights (and keeps its
+            states) in the working dtype, gradients are not cast to fp32.
+        tp_process_group: not supported (must be ``None``); Colossal-AI 0.3.1-0.3.3 had it.
         norm_type: the norm of ``clip_grad_norm``.
 
     Example:
@@ -94,8 +102,11 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         partition_grad: bool = False,
         cpu_offload: bool = False,
         dp_process_group: dist.ProcessGroup | None = None,
-        tp_process_group: dist.ProcessGroup | None = None,
         forced_dtype: torch.dtype | None = None,
+        moe_extra_dp_process_group: dist.ProcessGroup | None = None,
+        master_weights: bool = True,
+        *,
+        tp_process_group: dist.ProcessGroup | None = None,
         norm_type: float = 2.0,
     ) -> None:
         super().__init__(optimizer)
@@ -110,11 +121,18 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
             norm_type=norm_type,
             forced_dtype=forced_dtype,
             verbose=verbose,
+            master_weights=master_weights,
         )
         if tp_process_group is not None:
             raise NotImplementedError(
                 "tp_process_group is not supported by LowLevelZeroOptimizer yet; combine tensor "
                 "parallelism with ZeRO through HybridParallelPlugin."
+            )
+        if moe_extra_dp_process_group is not None:
+            raise NotImplementedError(
+                "moe_extra_dp_process_group is not supported: LowLevelZeroOptimizer has no "
+                "expert-parallel (MoE) parameters; leave it None (every parameter is then "
+                "sharded over dp_process_group)."
             )
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
@@ -171,7 +189,10 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         for g, (params, layout) in enumerate(zip(self.groups, self.layouts, strict=True)):
             for p, span in zip(params, layout.spans, strict=True):
                 self.spans[p] = (g, span)
-        self.masters = MasterWeights(self.flat_work, self.layouts, rank, options.cpu_offload)
+        master_dtype = torch.float32 if options.master_weights else None
+        self.masters = MasterWeights(
+            self.flat_work, self.layouts, rank, options.cpu_offload, master_dtype
+        )
         for group, master in zip(self.optim.param_groups, self.masters.params, strict=True):
             group["params"] = [master]
         self.optim.state.clear()
@@ -239,7 +260,8 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         return list(self.parameters())
 
     def master_params(self) -> list[nn.Parameter]:
-        """This rank's fp32 master partitions, one per group (what the wrapped optimizer steps)."""
+        """This rank's master partitions, one per group (what the wrapped optimizer steps):
+        fp32, or views of the working weights with ``master_weights=False``."""
         return list(self.masters.params)
 
     @property
@@ -308,8 +330,9 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
 
     # ------------------------------------------------------------------ gradients
     def _prepare(self) -> tuple[list[torch.Tensor | None], bool]:
-        """fp32 gradient partitions next to the masters, unscaled; and the global overflow flag.
-        Computed once per step (clipping and ``step`` share it)."""
+        """Gradient partitions next to the masters and in their dtype (fp32, or the working
+        dtype without master weights), unscaled; and the global overflow flag. Computed once
+        per step (clipping and ``step`` share it)."""
         if self._prepared is not None:
             return self._prepared
         if self.reducer.local_unreduced:  # no_sync passes, then step without a synced backward
@@ -317,8 +340,8 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         grads: list[torch.Tensor | None] = []
         for g, master in enumerate(self.masters.params):
             part = self.store.partition(g)
-            if part is not None and (part.dtype != torch.float32 or part.device != master.device):
-                part = part.to(device=master.device, dtype=torch.float32)
+            if part is not None and (part.dtype != master.dtype or part.device != master.device):
+                part = part.to(device=master.device, dtype=master.dtype)
             grads.append(part)
         found_inf = False
         if self.scaler is not None:

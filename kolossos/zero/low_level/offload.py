@@ -1,7 +1,8 @@
-"""fp32 master partitions: where they live, and how they follow and feed the working weights.
+"""Master partitions: where they live, and how they follow and feed the working weights.
 
-For each parameter group, this rank's master partition is an ``nn.Parameter`` of ``S`` fp32
-elements that the wrapped optimizer steps:
+For each parameter group, this rank's master partition is an ``nn.Parameter`` of ``S``
+elements that the wrapped optimizer steps, fp32 by default (``master_weights=False``: in the
+working dtype, see the last case):
 
 * **fp32 working weights, no offload:** the master *is* the owned slice of the flat working
   buffer (a view, no copy): the optimizer updates the model's weights in place and only the other
@@ -11,6 +12,9 @@ elements that the wrapped optimizer steps:
 * **CPU offload:** an fp32 copy on the CPU (pinned when an accelerator is used), so the optimizer
   and its states run and stay on the CPU; after each step the updated partition is copied to the
   device in the working dtype.
+* **No master weights** (``master_dtype=None``): the master is the owned slice of the working
+  buffer in the working dtype, whatever that is (a CPU copy in the working dtype with offload):
+  the optimizer steps the model's weights and keeps its states in their dtype.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ def _pin(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class MasterWeights:
-    """This rank's fp32 master partitions, one per group (see the module doc).
+    """This rank's master partitions, one per group (see the module doc).
 
     Args:
         flat_work: the groups' flat working buffers.
         layouts: their layouts.
         rank: this rank in the data-parallel group.
         offload: keep the masters on the CPU.
+        master_dtype: the masters' dtype (``None``: the working dtype, no separate masters).
     """
 
     def __init__(
@@ -46,6 +51,7 @@ class MasterWeights:
         layouts: Sequence[FlatLayout],
         rank: int,
         offload: bool,
+        master_dtype: torch.dtype | None = torch.float32,
     ) -> None:
         self.offload = offload
         self._working: list[torch.Tensor] = []
@@ -54,12 +60,13 @@ class MasterWeights:
         for flat, layout in zip(flat_work, layouts, strict=True):
             start, stop = layout.partition_range(rank)
             owned = flat[start:stop]
-            alias = owned.dtype == torch.float32 and not offload
+            dtype = master_dtype or owned.dtype
+            alias = owned.dtype == dtype and not offload
             if alias:
                 master = nn.Parameter(owned)
             else:
                 device = torch.device("cpu") if offload else owned.device
-                copy = owned.detach().to(device=device, dtype=torch.float32, copy=True)
+                copy = owned.detach().to(device=device, dtype=dtype, copy=True)
                 master = nn.Parameter(_pin(copy) if offload else copy)
             self._working.append(owned)
             self.params.append(master)
@@ -92,4 +99,4 @@ class MasterWeights:
                 continue
             current = owned.to(master.device)
             changed = master.to(owned.dtype) != current
-            master.data[changed] = current[changed].float()
+            master.data[changed] = current[changed].to(master.dtype)

@@ -98,10 +98,11 @@ class PartitionedStateMixin:
     def state_dict(self) -> dict[str, Any]:
         """A torch-style state dict with *full* per-parameter states, keyed by position over
         :meth:`parameters` (loadable into a plain optimizer over the model), plus the loss
-        scaler. A collective: call it on every rank."""
+        scaler. As in Colossal-AI, the gathered states are on the CPU (``step`` stays where
+        the optimizer keeps it). A collective: call it on every rank."""
         sizes = [len(group) for group in self.groups]
         offsets = [sum(sizes[:g]) for g in range(len(sizes))]
-        state = {offsets[g] + i: s for g, i, s in self.full_param_states(None)}
+        state = {offsets[g] + i: _states_to_cpu(s) for g, i, s in self.full_param_states(None)}
         groups = state_io.positional_groups(self.optim.param_groups, sizes)
         out: dict[str, Any] = {"state": state, "param_groups": groups}
         if self.scaler is not None:
@@ -126,3 +127,10 @@ class PartitionedStateMixin:
         self.load_param_states((*position[k], v) for k, v in saved_state.items() if k in position)
         if self.scaler is not None and "loss_scaler" in state_dict:
             self.scaler.load_state_dict(state_dict["loss_scaler"])
+
+
+def _states_to_cpu(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its tensors other than ``step`` moved to the CPU."""
+    return {
+        k: v.cpu() if isinstance(v, torch.Tensor) and k != "step" else v for k, v in state.items()
+    }

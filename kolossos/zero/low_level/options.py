@@ -50,9 +50,14 @@ class ZeroOptions:
     """Cast the managed parameters to this dtype first (``None``: keep theirs)."""
     verbose: bool = False
     """Log the partition and bucket layout, and loss-scale changes, on rank 0."""
+    master_weights: bool = True
+    """Keep fp32 master partitions; ``False``: the optimizer steps the working-dtype weights
+    (and keeps its states) directly, as Colossal-AI's ``master_weights=False``."""
 
     def __post_init__(self) -> None:
-        for name in ("partition_grad", "overlap_communication", "cpu_offload", "verbose"):
+        names = ("partition_grad", "overlap_communication", "cpu_offload", "verbose",
+                 "master_weights")  # fmt: skip
+        for name in names:
             _check_bool(name, getattr(self, name))
         size = self.reduce_bucket_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

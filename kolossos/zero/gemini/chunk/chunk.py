@@ -27,10 +27,14 @@ from kolossos.zero.gemini.chunk.comm import ChunkComm, Pending
 from kolossos.zero.gemini.chunk.state import TensorState, check_transition
 from kolossos.zero.gemini.memory_tracer.scope import model_data_scope
 
-__all__ = ["Chunk", "TensorInfo", "all_gather_flat"]
+__all__ = ["Chunk", "ChunkFullError", "TensorInfo", "TensorState", "all_gather_flat"]
 
 # torch 2.13 renamed the flat collectives (the old names warn); 2.11 only has the old names
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class ChunkFullError(Exception):
+    """A tensor was appended to a chunk without room for it."""
 
 
 @dataclass
@@ -140,9 +144,17 @@ class Chunk:
 
     # ------------------------------------------------------------------ building
     def append(self, param: nn.Parameter, name: str) -> None:
-        """Reserve room for ``param`` at the end of the payload."""
+        """Reserve room for ``param`` at the end of the payload.
+
+        Raises:
+            ChunkFullError: the chunk has less room left than ``param`` needs.
+        """
         numel = param.numel()
-        assert self.utilized + numel <= self.chunk_size
+        if self.utilized + numel > self.chunk_size:
+            raise ChunkFullError(
+                f"chunk {self.chunk_id} has {self.chunk_size - self.utilized} free elements, "
+                f"{name} needs {numel}; open a new chunk for it."
+            )
         self.tensors.append(TensorInfo(param, name, self.utilized, numel, param.shape))
         self.states[TensorState.FREE] += 1
         self.n_trainable += int(param.requires_grad)

@@ -73,6 +73,12 @@ class ChunkManager:
                 self._where[p] = (chunk, chunk.tensors[-1])
             self.chunks.append(chunk)
 
+    @property
+    def dp_degree_chunk_size_dict(self) -> dict[int, int]:
+        """``{data-parallel degree: chunk size}``, as Colossal-AI's manager reports it (one
+        degree: every parameter is replicated over the group)."""
+        return {self.world_size: self.chunk_size}
+
     # ------------------------------------------------------------------ lookup
     def locate(self, param: torch.Tensor) -> tuple[Chunk, TensorInfo]:
         """The chunk holding ``param`` and its entry there."""

@@ -1,5 +1,9 @@
 """Chunk-size search: the chunk size that wastes the fewest elements for a model.
 
+This is the search ``GeminiDDP`` runs (:func:`find_chunk_configuration`); Colossal-AI's
+``search_chunk_configuration`` (its signature, algorithm and return value) is in
+:mod:`~kolossos.zero.gemini.chunk.search_utils`.
+
 Parameters are packed in initialisation order; a parameter that does not fit in the room left in
 the current chunk opens a new one, and the room left behind is wasted. Every candidate size in
 ``[min_chunk_size, min_chunk_size + search_range]`` on a grid of ``hidden_dim`` elements is
@@ -19,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-__all__ = ["ChunkSearchResult", "search_chunk_configuration", "search_chunk_size", "unique_params"]
+__all__ = ["ChunkSearchResult", "find_chunk_configuration", "search_chunk_size", "unique_params"]
 
 _logger = logging.getLogger(__name__)
 _MI = 2**20
@@ -95,7 +99,7 @@ def search_chunk_size(
     return int(sizes[best]), int(waste[best])
 
 
-def search_chunk_configuration(
+def find_chunk_configuration(
     model: nn.Module,
     search_range_m: float,
     min_chunk_size_m: float,
@@ -118,13 +122,13 @@ def search_chunk_configuration(
         ``({"chunk_size": elements, "keep_gathered": False}, result)``.
 
     Example:
-        >>> config, result = search_chunk_configuration(nn.Linear(64, 64), 1, 0.001)
+        >>> config, result = find_chunk_configuration(nn.Linear(64, 64), 1, 0.001)
         >>> config["chunk_size"]
         4160
     """
     if unsupported:
         raise NotImplementedError(
-            f"search_chunk_configuration does not support {sorted(unsupported)}; remove them."
+            f"find_chunk_configuration does not support {sorted(unsupported)}; remove them."
         )
     if hidden_dim is not None and (isinstance(hidden_dim, bool) or hidden_dim <= 0):
         raise ValueError(f"hidden_dim={hidden_dim!r} must be a positive int (e.g. n_embd).")
