@@ -23,6 +23,7 @@ from kolossos.booster.plugin.plugin_base import Boosted, Criterion, config_from_
 from kolossos.fsdp import TorchFSDPConfig, build_config
 from kolossos.fsdp.checkpoint_io import FSDPCheckpointIO
 from kolossos.fsdp.mesh import build_mesh, data_parallel_group
+from kolossos.fsdp.model import TorchFSDPModel
 from kolossos.fsdp.optimizer import FSDPOptimizer, rebind_params
 from kolossos.fsdp.shard import no_gradient_sync, shard_model
 from kolossos.interface import ModelWrapper, OptimizerWrapper
@@ -31,11 +32,6 @@ if TYPE_CHECKING:
     from kolossos.checkpoint_io import CheckpointIO
 
 __all__ = ["TorchFSDPConfig", "TorchFSDPModel", "TorchFSDPPlugin"]
-
-
-class TorchFSDPModel(ModelWrapper):
-    """The model returned by :class:`TorchFSDPPlugin`: ``module`` is the user's module, sharded
-    in place by ``fully_shard`` (its parameters are ``DTensor`` shards)."""
 
 
 class TorchFSDPPlugin(DPPluginBase):
