@@ -30,9 +30,29 @@ if TYPE_CHECKING:
         Linear1D_Row,
         VocabParallelEmbedding1D,
     )
-    from kolossos.nn.optimizer import CPUAdam, FusedAdam, HybridAdam, Lamb, Lars
+    from kolossos.nn.optimizer import (
+        CPUAdam,
+        DistributedAdaFactor,
+        DistributedLamb,
+        FusedAdam,
+        FusedLAMB,
+        FusedSGD,
+        HybridAdam,
+        Lamb,
+        Lars,
+    )
 
-_OPTIMIZERS = ("CPUAdam", "FusedAdam", "HybridAdam", "Lamb", "Lars")
+_OPTIMIZERS = (
+    "CPUAdam",
+    "DistributedAdaFactor",
+    "DistributedLamb",
+    "FusedAdam",
+    "FusedLAMB",
+    "FusedSGD",
+    "HybridAdam",
+    "Lamb",
+    "Lars",
+)
 _LAYERS = ("CrossEntropyLoss", "Dropout", "Embedding", "LayerNorm", "Linear")
 _LAYERS_1D = (
     "Dropout1D",
@@ -51,11 +71,15 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 __all__ = [
     "CPUAdam",
     "CrossEntropyLoss",
+    "DistributedAdaFactor",
+    "DistributedLamb",
     "Dropout",
     "Dropout1D",
     "Embedding",
     "Embedding1D",
     "FusedAdam",
+    "FusedLAMB",
+    "FusedSGD",
     "HybridAdam",
     "Lamb",
     "Lars",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from kolossos._lazy import lazy_attributes
 from kolossos.utils.common import get_current_device, print_rank_0
 from kolossos.utils.context import conditional_context
+from kolossos.utils.multi_tensor_apply import multi_tensor_applier
 from kolossos.utils.seed import set_seed
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ __all__ = [
     "conditional_context",
     "get_current_device",
     "load_checkpoint",
+    "multi_tensor_applier",
     "print_rank_0",
     "save_checkpoint",
     "set_seed",

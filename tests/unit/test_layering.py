@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "_version": 0,
     "accelerator": 0,
     "cluster": 0,
+    "device": 0,
     "interface": 0,
     "launch_env": 0,
     "logging": 0,
@@ -56,6 +57,8 @@ LAYERS: dict[str, int] = {
 SIDEWAYS = {
     ("cluster", "accelerator"),
     ("cluster", "launch_env"),  # the watchdog's environment variable
+    ("cluster", "device"),  # DeviceMeshManager keeps DeviceMesh objects
+    ("device", "accelerator"),  # DeviceMesh's default device
     ("initialize", "cluster"),  # heartbeat, flight recorder and failure hook of each rank
     ("utils", "accelerator"),
     ("utils", "_lazy"),

@@ -15,10 +15,17 @@ from kolossos.nn.optimizer._common import (
     widened,
 )
 
-__all__ = ["Lamb"]
+__all__ = ["Lamb", "trust_ratio"]
 
 #: upper clamp of the weight norm in the trust ratio (the paper's scaling function phi)
 MAX_WEIGHT_NORM = 10.0
+
+
+def trust_ratio(w_norm: Tensor, r_norm: Tensor) -> Tensor:
+    """``φ(‖x‖) / ‖r‖`` with ``φ(z) = min(z, 10)``, or 1 when either norm is 0."""
+    w_norm = w_norm.clamp(max=MAX_WEIGHT_NORM)
+    ok = (w_norm > 0) & (r_norm > 0)
+    return torch.where(ok, w_norm / torch.where(ok, r_norm, 1.0), 1.0)
 
 
 class Lamb(PerParameterOptimizer):
@@ -76,6 +83,16 @@ class Lamb(PerParameterOptimizer):
         self.adam = adam
 
     def _update(self, p: Tensor, group: dict[str, Any]) -> None:
+        x, r = self._direction(p, group)
+        if self.adam:
+            trust = torch.ones((), dtype=x.dtype, device=p.device)
+        else:
+            trust = trust_ratio(torch.linalg.vector_norm(x), torch.linalg.vector_norm(r))
+        self._apply(p, x, r, trust * group["lr"])
+
+    def _direction(self, p: Tensor, group: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        """Advance ``p``'s moments; return ``(x, r)``: ``p`` in the arithmetic dtype (``p``
+        itself unless low precision) and the update direction before the trust ratio."""
         beta1, beta2 = group["betas"]
         state = self.state[p]
         dtype = widened(p.dtype)
@@ -94,14 +111,12 @@ class Lamb(PerParameterOptimizer):
         r = (m / bc1).div_((v / bc2).sqrt_().add_(group["eps"]))
         if group["weight_decay"] != 0:
             r.add_(x, alpha=group["weight_decay"])
-        if self.adam:
-            trust = torch.ones((), dtype=dtype, device=p.device)
-        else:
-            w_norm = torch.linalg.vector_norm(x).clamp(max=MAX_WEIGHT_NORM)
-            r_norm = torch.linalg.vector_norm(r)
-            ok = (w_norm > 0) & (r_norm > 0)
-            trust = torch.where(ok, w_norm / torch.where(ok, r_norm, 1.0), 1.0)
-        x.sub_(r.mul_(trust * group["lr"]))  # x is p itself unless p is low precision
+        return x, r
+
+    @staticmethod
+    def _apply(p: Tensor, x: Tensor, r: Tensor, scale: Tensor) -> None:
+        """``p -= scale * r`` through ``x`` (consumes ``r``)."""
+        x.sub_(r.mul_(scale))  # x is p itself unless p is low precision
         if x is not p:
             p.copy_(x)
 
