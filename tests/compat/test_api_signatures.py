@@ -9,11 +9,11 @@ scripts written against the docs (positional calls included), so update the pin 
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pin_notation import P, describe
 
 import kolossos
 from kolossos.booster import Booster
@@ -23,32 +23,10 @@ from kolossos.interface import OptimizerWrapper
 from kolossos.mixed_precision import FP16NaiveMixedPrecision, FP16TorchMixedPrecision
 from kolossos.testing import spawn
 
-
-def describe(fn: Callable[..., Any]) -> list[str]:
-    """The parameters of ``fn`` (without ``self``) in the notation of the module docstring."""
-    out = []
-    for name, p in inspect.signature(fn).parameters.items():
-        if name == "self":
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            out.append(f"*{name}")
-        elif p.kind is p.VAR_KEYWORD:
-            out.append(f"**{name}")
-        else:
-            text = name if p.default is p.empty else f"{name}={p.default!r}"
-            out.append(f"*{text}" if p.kind is p.KEYWORD_ONLY else text)
-    return out
-
-
 PREPARE_DATALOADER = (
     "dataset batch_size shuffle=False seed=1024 drop_last=False pin_memory=False num_workers=0 "
     "**kwargs"
 )
-
-
-def P(spec: str) -> list[str]:
-    """A pin written as one space-separated string."""
-    return spec.split()
 
 
 PINS: dict[str, tuple[Callable[..., Any], list[str]]] = {

@@ -12,11 +12,11 @@ pin only on purpose, with a comment saying how and why it differs.
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pin_notation import P, describe
 
 import kolossos.utils
 from kolossos.booster.accelerator import Accelerator
@@ -24,29 +24,6 @@ from kolossos.cluster.device_mesh_manager import DeviceMeshInfo, DeviceMeshManag
 from kolossos.device.device_mesh import DeviceMesh
 from kolossos.nn.optimizer import DistributedAdaFactor, DistributedLamb, FusedLAMB, FusedSGD
 from kolossos.utils.multi_tensor_apply import MultiTensorApply
-
-
-def describe(fn: Callable[..., Any]) -> list[str]:
-    """The parameters of ``fn`` (without ``self``) in the notation of the module docstring."""
-    out = []
-    for name, p in inspect.signature(fn).parameters.items():
-        if name == "self":
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            out.append(f"*{name}")
-        elif p.kind is p.VAR_KEYWORD:
-            out.append(f"**{name}")
-        else:
-            text = name if p.default is p.empty else f"{name}={p.default!r}"
-            out.append(f"*{text}" if p.kind is p.KEYWORD_ONLY else text)
-    return out
-
-
-def P(spec: str) -> list[str]:
-    """A pin written as one string of entries separated by spaces (``|`` stands for a space
-    inside an entry, as in a tuple default)."""
-    return [item.replace("|", " ") for item in spec.split()]
-
 
 PINS: dict[str, tuple[Callable[..., Any], list[str]]] = {
     "Accelerator.__init__": (Accelerator.__init__, P("device")),

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pin_notation import P, describe
 
 from kolossos.pipeline import PipelineStageManager
 from kolossos.pipeline.p2p import (
@@ -24,28 +25,6 @@ from kolossos.pipeline.p2p import (
     create_send_metadata,
 )
 from kolossos.pipeline.schedule import _utils
-
-
-def describe(fn: Callable[..., Any]) -> list[str]:
-    """The parameters of ``fn`` (without ``self``) in the notation of the module docstring."""
-    out = []
-    for name, p in inspect.signature(fn).parameters.items():
-        if name == "self":
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            out.append(f"*{name}")
-        elif p.kind is p.VAR_KEYWORD:
-            out.append(f"**{name}")
-        else:
-            text = name if p.default is p.empty else f"{name}={p.default!r}"
-            out.append(f"*{text}" if p.kind is p.KEYWORD_ONLY else text)
-    return out
-
-
-def P(spec: str) -> list[str]:
-    """A pin written as one space-separated string."""
-    return spec.split()
-
 
 SM = PipelineStageManager
 COMM = PipelineP2PCommunication

@@ -13,37 +13,15 @@ update a pin only on purpose.
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pin_notation import P, describe
 
 from kolossos.shardformer import ShardConfig, ShardFormer
 from kolossos.shardformer import layer as sl
 from kolossos.shardformer.layer import qkv_fused_linear, utils
-
-
-def describe(fn: Callable[..., Any]) -> list[str]:
-    """The parameters of ``fn`` (without ``self``) in the notation of the module docstring."""
-    out = []
-    for name, p in inspect.signature(fn).parameters.items():
-        if name == "self":
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            out.append(f"*{name}")
-        elif p.kind is p.VAR_KEYWORD:
-            out.append(f"**{name}")
-        else:
-            text = name if p.default is p.empty else f"{name}={p.default!r}"
-            out.append(f"*{text}" if p.kind is p.KEYWORD_ONLY else text)
-    return out
-
-
-def P(spec: str) -> list[str]:
-    """A pin written as one space-separated string."""
-    return spec.split()
-
 
 LINEAR_COL = (
     "in_features out_features bias=True dtype=None device=None process_group=None "

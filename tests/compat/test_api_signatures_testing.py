@@ -15,31 +15,10 @@ from typing import Any
 
 import pytest
 import torch
+from pin_notation import P, describe
 
 import kolossos.testing as kt
 from kolossos.testing.random import seed_all
-
-
-def describe(fn: Callable[..., Any]) -> list[str]:
-    """The parameters of ``fn`` (without ``self``) in the notation of the module docstring."""
-    out = []
-    for name, p in inspect.signature(fn).parameters.items():
-        if name == "self":
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            out.append(f"*{name}")
-        elif p.kind is p.VAR_KEYWORD:
-            out.append(f"**{name}")
-        else:
-            text = name if p.default is p.empty else f"{name}={p.default!r}"
-            out.append(f"*{text}" if p.kind is p.KEYWORD_ONLY else text)
-    return out
-
-
-def P(spec: str) -> list[str]:
-    """A pin written as one space-separated string."""
-    return spec.split()
-
 
 PINS: dict[str, tuple[Callable[..., Any], list[str]]] = {
     "clear_cache_before_run": (kt.clear_cache_before_run, P("")),

@@ -9,11 +9,11 @@ pin only on purpose, with a comment saying how and why it differs.
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pin_notation import P, describe
 
 from kolossos.utils import conditional_context
 from kolossos.zero import GeminiDDP, LowLevelZeroOptimizer, get_static_torch_model
@@ -23,28 +23,6 @@ from kolossos.zero.gemini.chunk import (
     search_chunk_configuration,
 )
 from kolossos.zero.gemini.gemini_mgr import GeminiManager
-
-
-def describe(fn: Callable[..., Any]) -> list[str]:
-    """The parameters of ``fn`` (without ``self``) in the notation of the module docstring."""
-    out = []
-    for name, p in inspect.signature(fn).parameters.items():
-        if name == "self":
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            out.append(f"*{name}")
-        elif p.kind is p.VAR_KEYWORD:
-            out.append(f"**{name}")
-        else:
-            text = name if p.default is p.empty else f"{name}={p.default!r}"
-            out.append(f"*{text}" if p.kind is p.KEYWORD_ONLY else text)
-    return out
-
-
-def P(spec: str) -> list[str]:
-    """A pin written as one space-separated string."""
-    return spec.split()
-
 
 PINS: dict[str, tuple[Callable[..., Any], list[str]]] = {
     # v0.3.6's order (v0.3.4 lacks moe_extra_dp_process_group; v0.3.1-0.3.3 had
