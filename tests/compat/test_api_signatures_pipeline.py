@@ -25,11 +25,21 @@ from kolossos.pipeline.p2p import (
     create_send_metadata,
 )
 from kolossos.pipeline.schedule import _utils
+from kolossos.pipeline.schedule.interleaved_pp import InterleavedSchedule
 
 SM = PipelineStageManager
 COMM = PipelineP2PCommunication
 
 PINS: dict[str, tuple[Callable[..., Any], list[str]]] = {
+    # Upstream's order; kolossos' own options keyword-only after it.
+    "InterleavedSchedule.__init__": (
+        InterleavedSchedule.__init__,
+        P(
+            "stage_manager num_model_chunks=None num_microbatch=None microbatch_size=None "
+            "enable_metadata_cache=True *num_microbatches=None *tensor_shape=None "
+            "*tensor_dtype=torch.float32 *schedule=None"
+        ),
+    ),
     # Upstream: (pg_mesh, pipeline_axis, enable_interleave=False, num_model_chunks=1,
     # num_layers_per_stage=None). kolossos: pg_mesh/pipeline_axis optional (None: every process
     # forms one pipeline), the chunk placement `layout` ("loop" | "v" for ZB-V) keyword-only
@@ -156,3 +166,14 @@ UPSTREAM_IMPORTS = [
 def test_upstream_import_path_resolves(dotted: str) -> None:
     module, _, name = dotted.rpartition(".")
     assert callable(getattr(importlib.import_module(module), name))
+
+
+def test_interleaved_schedule_takes_upstreams_positional_order() -> None:
+    manager = PipelineStageManager.default(num_model_chunks=2)
+    schedule = InterleavedSchedule(manager, 2, 4)
+    assert schedule.config.num_microbatches == 4 and schedule.num_model_chunks == 2
+    assert InterleavedSchedule(manager, num_microbatches=4).config.num_microbatches == 4
+    with pytest.raises(ValueError, match="num_model_chunks=3"):
+        InterleavedSchedule(manager, 3, 4)
+    with pytest.raises(ValueError, match="give one"):
+        InterleavedSchedule(manager, 2, 4, num_microbatches=8)
