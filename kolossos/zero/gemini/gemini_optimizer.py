@@ -28,6 +28,7 @@ from kolossos.cluster.collectives import comm_device
 from kolossos.interface import OptimizerWrapper
 from kolossos.interface.optimizer import _check_clip
 from kolossos.nn.optimizer import CPUAdam, HybridAdam
+from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
 from kolossos.zero.gemini.chunk import Chunk
 from kolossos.zero.gemini.full_tensors import local_range
 from kolossos.zero.gemini.gemini_ddp import GeminiDDP
@@ -84,6 +85,7 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         norm_type: float = 2.0,
         verbose: bool = False,
     ) -> None:
+        check_flat_shard_safe(optimizer, "Gemini")
         super().__init__(optimizer)
         self.loss_scale_policy = LossScalePolicy.of(locals())
         if not isinstance(module, GeminiDDP):

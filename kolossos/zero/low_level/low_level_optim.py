@@ -27,6 +27,7 @@ from kolossos.cluster.collectives import comm_device
 from kolossos.interface import OptimizerWrapper
 from kolossos.interface.optimizer import _check_clip
 from kolossos.logging import get_dist_logger
+from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
 from kolossos.zero.low_level.bucket import plan_buckets
 from kolossos.zero.low_level.clip import clip_by_global_norm_
 from kolossos.zero.low_level.comm import Communicator
@@ -109,6 +110,7 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         tp_process_group: dist.ProcessGroup | None = None,
         norm_type: float = 2.0,
     ) -> None:
+        check_flat_shard_safe(optimizer, type(self).__name__)
         super().__init__(optimizer)
         self.loss_scale_policy = LossScalePolicy.of(locals())
         self.options = ZeroOptions(
