@@ -47,6 +47,7 @@ from kolossos.hybrid.sharding import (
 from kolossos.hybrid.zero_optimizer import HybridZeroOptimizer
 from kolossos.interface import ModelWrapper, OptimizerWrapper, ParamOwners
 from kolossos.lazy import LazyInitContext, materialize_on
+from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
 
 __all__ = ["HybridParallelEngine", "build_optimizer"]
 
@@ -117,6 +118,8 @@ class HybridParallelEngine:
         names = first_names(model)
         if optimizer is not None:
             check_fresh(optimizer, names)
+            if self.config.tp_size > 1:  # tensor-parallel slices, like ZeRO's flat shards
+                check_flat_shard_safe(optimizer, f"tp_size={self.config.tp_size}")
         c = self.config
         with LazyInitContext.resume(model):  # a lazy model's shards are cut on its record
             sharded = shard_model(model, c, self.mesh.tp_group)

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from kolossos.booster import Booster
-from kolossos.booster.plugin import GeminiPlugin, LowLevelZeroPlugin
+from kolossos.booster.plugin import GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin
 from kolossos.nn.optimizer import FusedLAMB, HybridAdam, Lamb, Lars
 from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
 from kolossos.testing import distributed
@@ -35,7 +35,13 @@ def test_element_wise_optimizers_pass(cls: type[torch.optim.Optimizer]) -> None:
 
 @distributed(2)
 def test_plugins_refuse_lamb_on_every_rank() -> None:
-    for plugin in (LowLevelZeroPlugin(stage=2, precision="fp32"), GeminiPlugin()):
+    """ZeRO's flat shards and tensor-parallel slices alike."""
+    plugins = (
+        LowLevelZeroPlugin(stage=2, precision="fp32"),
+        GeminiPlugin(),
+        HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32"),
+    )
+    for plugin in plugins:
         model = nn.Linear(4, 4)
-        with pytest.raises(ValueError, match="flat shards"):
+        with pytest.raises(ValueError, match="shards that cut across"):
             Booster(plugin=plugin).boost(model, Lamb(model.parameters()))

@@ -38,7 +38,7 @@ def check_flat_shard_safe(optimizer: Optimizer, engine: str) -> None:
             if cls.__name__ == name and cls.__module__.startswith(prefix):
                 raise ValueError(
                     f"{type(optimizer).__name__} computes per-parameter norms or statistics, "
-                    f"but {engine} steps it on flat shards that cut across parameters, so it "
+                    f"but {engine} steps it on shards that cut across parameters, so it "
                     "would train a different model than one process does. Use an element-wise "
                     "optimizer (SGD, Adam/AdamW, HybridAdam, ...) with this plugin, or keep "
                     f"{type(optimizer).__name__} with TorchDDPPlugin (whole parameters)."
