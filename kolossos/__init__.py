@@ -25,7 +25,9 @@ if TYPE_CHECKING:
         launch_from_torch,
     )
 
-_INITIALIZE = "kolossos.initialize"
+# The launch functions are kolossos.initialize's, re-exported by kolossos.legacy.launch_hook so
+# that the legacy global context (gpc) is filled by every kolossos.launch* (docs/legacy.md).
+_INITIALIZE = "kolossos.legacy.launch_hook"
 _LAZY = {
     "launch": (_INITIALIZE, "launch"),
     "launch_from_torch": (_INITIALIZE, "launch_from_torch"),

@@ -16,7 +16,7 @@ import contextlib
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
@@ -41,6 +41,29 @@ from kolossos.logging import get_dist_logger
 from kolossos.utils.seed import set_seed
 
 _launch_config: dict[str, Any] | Path | None = None
+
+
+class LaunchHook(Protocol):
+    """What a higher layer (the legacy global context) plugs into :func:`launch`."""
+
+    def check(self, config: dict[str, Any] | Path, world_size: int) -> None:
+        """Called before the rendezvous with the checked ``config``: raise on a bad one."""
+
+    def launched(self, rank: int, world_size: int, seed: int) -> None:
+        """Called on every rank once the default group exists and the RNGs are seeded."""
+
+
+_launch_hooks: list[LaunchHook] = []
+
+
+def add_launch_hook(hook: LaunchHook) -> None:
+    """Have every later :func:`launch` call ``hook`` (once, however often it is added).
+
+    The launcher stays ignorant of what builds on it: ``kolossos.legacy`` adds the hook that
+    fills the global context ``gpc`` (see ``docs/legacy.md``).
+    """
+    if all(h is not hook for h in _launch_hooks):
+        _launch_hooks.append(hook)
 
 
 def get_launch_config() -> dict[str, Any] | Path | None:
@@ -93,7 +116,8 @@ def launch(
 
     Args:
         config: a dict (may be empty) or the path of a config file; kept for the config-file
-            features (:func:`get_launch_config`).
+            features (:func:`get_launch_config`). Through ``kolossos.launch`` it also fills
+            the legacy global context ``gpc``, building the groups of a ``parallel`` key.
         rank: global rank of this process.
         world_size: number of processes.
         host: address of the rank-0 machine.
@@ -114,7 +138,8 @@ def launch(
 
     Raises:
         TypeError / FileNotFoundError: bad ``config``.
-        ValueError: bad rank, world size, port, backend, timeout or ``KOLOSSOS_WATCHDOG``.
+        ValueError: bad rank, world size, port, backend, timeout or ``KOLOSSOS_WATCHDOG``, or
+            (through the legacy hook) a broken ``parallel`` rule.
         RuntimeError: already initialised with a different rank or world size.
     """
     global _launch_config
@@ -127,6 +152,8 @@ def launch(
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
     pg_timeout = resolve_timeout(timeout)
     watchdog_seconds()  # a bad KOLOSSOS_WATCHDOG fails here, before the rendezvous
+    for hook in _launch_hooks:
+        hook.check(checked_config, world_size)  # a bad config fails here, on every rank
 
     if dist.is_initialized():
         if dist.get_rank() != rank or dist.get_world_size() != world_size:
@@ -164,6 +191,8 @@ def launch(
             atexit.register(_destroy_at_exit)
     set_seed(seed)
     _launch_config = checked_config
+    for hook in _launch_hooks:
+        hook.launched(rank, world_size, seed)  # may be COLLECTIVE (new_group on every rank)
     if verbose:
         get_dist_logger().info(
             f"Distributed environment is initialized: world size {world_size}, backend {chosen}, "
@@ -272,6 +301,8 @@ def is_launched() -> bool:
 
 
 __all__ = [
+    "LaunchHook",
+    "add_launch_hook",
     "get_default_parser",
     "get_launch_config",
     "is_launched",

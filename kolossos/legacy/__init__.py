@@ -1,5 +1,8 @@
 """Colossal-AI's legacy, config-driven API, built on the engines below it (never the other way
-round): the tensor-parallel settings read from the launch config
-(:mod:`kolossos.legacy.tensor_parallel`) and the layers that follow them
-(:mod:`kolossos.legacy.layers`, exported as ``kolossos.nn.Linear`` and friends).
+round): config files and the global parallel context (:mod:`kolossos.legacy.context`,
+:mod:`kolossos.legacy.core`'s ``global_context``, filled by ``kolossos.launch`` through
+:mod:`kolossos.legacy.launch_hook`), the registries and constants, the tensor-parallel settings
+read from the launch config (:mod:`kolossos.legacy.tensor_parallel`) and the layers that follow
+them (:mod:`kolossos.legacy.layers`, exported as ``kolossos.nn.Linear`` and friends).
+See ``docs/legacy.md``.
 """

@@ -130,11 +130,21 @@ def _data_and_tensor(rank: int, world_size: int, port: int, config_file: str) ->
     with pytest.raises(ValueError, match="must equal the world size"):
         read_tensor_parallel_settings(dict(parallel=dict(data=1, tensor=dict(size=2, mode="1d"))))
     ranks = dist.get_process_group_ranks(group)
-    for mode in ("2d", "2.5d", "3d"):
+    # 3D needs a cube (8 ranks): on 4 ranks launch refuses the config before any collective
+    with pytest.raises(ValueError, match="3D tensor parallelism needs a cube size"):
+        kolossos.launch(
+            config=dict(parallel=dict(tensor=dict(size=4, mode="3d"))),
+            rank=rank,
+            world_size=world_size,
+            host="localhost",
+            port=port,
+            verbose=False,
+        )
+    for mode, extra in (("2d", {}), ("2.5d", {"depth": 1})):
         with warnings.catch_warnings():  # launching again reuses the process group, with a warning
             warnings.simplefilter("ignore", RuntimeWarning)
             kolossos.launch(
-                config=dict(parallel=dict(tensor=dict(size=4, mode=mode))),
+                config=dict(parallel=dict(tensor=dict(size=4, mode=mode, **extra))),
                 rank=rank,
                 world_size=world_size,
                 host="localhost",

@@ -50,6 +50,12 @@ LAYERS: dict[str, int] = {
     "": 4,
     "cli": 4,
     "legacy": 4,
+    # Colossal-AI's old top-level import paths, thin aliases of kolossos.legacy
+    "constants": 4,
+    "context": 4,
+    "core": 4,
+    "global_variables": 4,
+    "registry": 4,
     "testing": 4,
     "trainer": 4,
 }
@@ -74,7 +80,13 @@ SIDEWAYS = {
     ("cli", "trainer"),  # the command line runs the training job
     ("trainer", ""),  # kolossos.launch
     ("testing", ""),
-    ("legacy", "trainer"),  # Python config files, until the legacy Config reads them itself
+    ("legacy", "trainer"),
+    ("", "legacy"),  # kolossos.launch* resolve through kolossos.legacy.launch_hook (lazily)
+    ("constants", "legacy"),
+    ("context", "legacy"),
+    ("core", "legacy"),
+    ("global_variables", "legacy"),
+    ("registry", "legacy"),  # Python config files, until the legacy Config reads them itself
 }
 #: packages whose function-level kolossos imports are allowed: they defer torch for the start-up
 #: time of the command line (cli, trainer) or keep pytest's import order (testing)

@@ -1,0 +1,41 @@
+"""Colossal-AI's legacy registries (``colossalai.registry``): name → class tables a config can
+refer to. ``DIST_GROUP_INITIALIZER`` holds the process-group initializers."""
+
+from __future__ import annotations
+
+import torch.distributed.optim as dist_optim
+import torch.nn as nn
+import torch.optim as optim
+
+from kolossos.legacy.registry.registry import Registry
+
+__all__ = [
+    "DATASETS",
+    "DATA_SAMPLERS",
+    "DIST_GROUP_INITIALIZER",
+    "GRADIENT_HANDLER",
+    "HOOKS",
+    "LAYERS",
+    "LOSSES",
+    "LR_SCHEDULERS",
+    "MODELS",
+    "OPHOOKS",
+    "OPTIMIZERS",
+    "SCHEDULE",
+    "TRANSFORMS",
+    "Registry",
+]
+
+LAYERS = Registry("layers", third_party_library=[nn])
+MODELS = Registry("models")
+OPTIMIZERS = Registry("optimizers", third_party_library=[optim, dist_optim])
+DATASETS = Registry("datasets")
+DIST_GROUP_INITIALIZER = Registry("dist_group_initializer")
+GRADIENT_HANDLER = Registry("gradient_handler")
+LOSSES = Registry("losses", third_party_library=[nn])
+HOOKS = Registry("hooks")
+TRANSFORMS = Registry("transforms")
+DATA_SAMPLERS = Registry("data_samplers")
+LR_SCHEDULERS = Registry("lr_schedulers")
+SCHEDULE = Registry("schedules")
+OPHOOKS = Registry("ophooks")
