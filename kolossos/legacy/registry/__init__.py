@@ -3,7 +3,6 @@ refer to. ``DIST_GROUP_INITIALIZER`` holds the process-group initializers."""
 
 from __future__ import annotations
 
-import torch.distributed.optim as dist_optim
 import torch.nn as nn
 import torch.optim as optim
 
@@ -28,7 +27,9 @@ __all__ = [
 
 LAYERS = Registry("layers", third_party_library=[nn])
 MODELS = Registry("models")
-OPTIMIZERS = Registry("optimizers", third_party_library=[optim, dist_optim])
+# torch.distributed.optim is left out: importing it scripts its functional optimizers with the
+# deprecated torch.jit.script (a warning per optimizer, and import time); register what you need
+OPTIMIZERS = Registry("optimizers", third_party_library=[optim])
 DATASETS = Registry("datasets")
 DIST_GROUP_INITIALIZER = Registry("dist_group_initializer")
 GRADIENT_HANDLER = Registry("gradient_handler")
