@@ -6,6 +6,8 @@ overflow detection, and the cast helper.
 - :func:`unscale_and_check_`, :func:`has_inf_or_nan`: unscale gradients and detect inf/NaN locally.
 - :func:`all_reduce_overflow`: make every rank take the same skip-or-step decision.
 - :func:`cast_floating`: cast the floating tensors of nested inputs/outputs to a dtype.
+- ``AMP_TYPE``, ``convert_to_amp`` (and ``convert_to_torch_amp``/``naive``/``apex``): the legacy
+  API of :mod:`kolossos.legacy.amp`, resolved lazily (importing this package never loads it).
 
 Example:
     >>> import torch
@@ -17,6 +19,9 @@ Example:
     ('good', [1.0, 1.0])
 """
 
+from typing import TYPE_CHECKING
+
+from kolossos._lazy import lazy_attributes
 from kolossos.amp.cast import cast_floating
 from kolossos.amp.grad_scaler import (
     BaseGradScaler,
@@ -27,7 +32,20 @@ from kolossos.amp.grad_scaler import (
 from kolossos.amp.loss_scale import LOSS_SCALE_KEYWORDS, LossScalePolicy
 from kolossos.amp.overflow import all_reduce_overflow, has_inf_or_nan, unscale_and_check_
 
+if TYPE_CHECKING:
+    from kolossos.legacy.amp import (
+        AMP_TYPE,
+        convert_to_amp,
+        convert_to_apex_amp,
+        convert_to_naive_amp,
+        convert_to_torch_amp,
+    )
+
+_LEGACY = ("AMP_TYPE", "convert_to_amp", "convert_to_apex_amp", "convert_to_naive_amp")
+_LAZY = {name: ("kolossos.legacy.amp", name) for name in (*_LEGACY, "convert_to_torch_amp")}
+
 __all__ = [
+    "AMP_TYPE",
     "LOSS_SCALE_KEYWORDS",
     "BaseGradScaler",
     "ConstantGradScaler",
@@ -36,6 +54,12 @@ __all__ = [
     "ScaleEvent",
     "all_reduce_overflow",
     "cast_floating",
+    "convert_to_amp",
+    "convert_to_apex_amp",
+    "convert_to_naive_amp",
+    "convert_to_torch_amp",
     "has_inf_or_nan",
     "unscale_and_check_",
 ]
+
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)

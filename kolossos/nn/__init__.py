@@ -5,6 +5,7 @@ Names resolve lazily (nothing heavy is imported with the package)::
     from kolossos.nn import Lamb, HybridAdam          # as colossalai.nn
     from kolossos.nn.optimizer import CPUAdam         # as colossalai.nn.optimizer
     from kolossos.nn.lr_scheduler import LinearWarmupLR
+    from kolossos.nn.metric import Accuracy           # as colossalai.nn.metric
     import kolossos.nn as col_nn
     col_nn.Linear(256, 1024)                          # follows parallel.tensor of the launch config
 
@@ -22,7 +23,7 @@ from kolossos._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from kolossos.legacy.layers import CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear
-    from kolossos.nn import layer, lr_scheduler, optimizer
+    from kolossos.nn import layer, lr_scheduler, metric, optimizer
     from kolossos.nn.layer.parallel_1d import (
         Dropout1D,
         Embedding1D,
@@ -62,7 +63,10 @@ _LAYERS_1D = (
     "VocabParallelEmbedding1D",
 )
 _LAZY: dict[str, tuple[str, str | None]] = {
-    **{name: (f"kolossos.nn.{name}", None) for name in ("layer", "lr_scheduler", "optimizer")},
+    **{
+        name: (f"kolossos.nn.{name}", None)
+        for name in ("layer", "lr_scheduler", "metric", "optimizer")
+    },
     **{name: ("kolossos.nn.optimizer", name) for name in _OPTIMIZERS},
     **{name: ("kolossos.legacy.layers", name) for name in _LAYERS},
     **{name: ("kolossos.nn.layer.parallel_1d", name) for name in _LAYERS_1D},
@@ -90,6 +94,7 @@ __all__ = [
     "VocabParallelEmbedding1D",
     "layer",
     "lr_scheduler",
+    "metric",
     "optimizer",
 ]
 

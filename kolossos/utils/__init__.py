@@ -1,9 +1,11 @@
-"""Utilities the documented scripts import: devices, seeding, rank-0 printing, checkpoints,
-``conditional_context``.
+"""Utilities the documented scripts import: devices, seeding, rank-0 printing, timers,
+checkpoints, ``conditional_context``, and the legacy data loader.
 
-``save_checkpoint`` / ``load_checkpoint`` live in :mod:`kolossos.checkpoint_io.legacy_checkpoint`
-and are resolved lazily here, so importing a utility (e.g. :mod:`kolossos.utils.seed`) does not
-load checkpoint IO.
+``save_checkpoint`` / ``load_checkpoint`` live in :mod:`kolossos.checkpoint_io.legacy_checkpoint`,
+``get_dataloader``, ``DataParallelSampler`` and ``is_using_pp`` / ``is_using_ddp`` /
+``is_using_sequence`` in :mod:`kolossos.legacy.utils` (they read the global context); all are
+resolved lazily here, so importing a utility (e.g. :mod:`kolossos.utils.seed`) loads neither
+checkpoint IO nor the legacy API.
 """
 
 from __future__ import annotations
@@ -15,19 +17,45 @@ from kolossos.utils.common import get_current_device, print_rank_0
 from kolossos.utils.context import conditional_context
 from kolossos.utils.multi_tensor_apply import multi_tensor_applier
 from kolossos.utils.seed import set_seed
+from kolossos.utils.timer import MultiTimer, Timer
 
 if TYPE_CHECKING:
     from kolossos.checkpoint_io.legacy_checkpoint import load_checkpoint, save_checkpoint
+    from kolossos.legacy.utils import (
+        DataParallelSampler,
+        get_dataloader,
+        is_using_ddp,
+        is_using_pp,
+        is_using_sequence,
+    )
 
 _CHECKPOINT = "kolossos.checkpoint_io.legacy_checkpoint"
+_LEGACY_UTILS = "kolossos.legacy.utils"
 _LAZY = {
     "load_checkpoint": (_CHECKPOINT, "load_checkpoint"),
     "save_checkpoint": (_CHECKPOINT, "save_checkpoint"),
+    **{
+        name: (_LEGACY_UTILS, name)
+        for name in (
+            "DataParallelSampler",
+            "get_dataloader",
+            "is_using_ddp",
+            "is_using_pp",
+            "is_using_sequence",
+        )
+    },
 }
 
 __all__ = [
+    "DataParallelSampler",
+    "MultiTimer",
+    "Timer",
     "conditional_context",
     "get_current_device",
+    "get_dataloader",
+    "is_using_ddp",
+    "is_using_pp",
+    "is_using_sequence",
     "load_checkpoint",
     "multi_tensor_applier",
     "print_rank_0",

@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "constants": 4,
     "context": 4,
     "core": 4,
+    "engine": 4,
     "global_variables": 4,
     "registry": 4,
     "testing": 4,
@@ -85,6 +86,7 @@ SIDEWAYS = {
     ("constants", "legacy"),
     ("context", "legacy"),
     ("core", "legacy"),
+    ("engine", "legacy"),
     ("global_variables", "legacy"),
     ("registry", "legacy"),  # Python config files, until the legacy Config reads them itself
 }

@@ -1,0 +1,200 @@
+"""``initialize``: build the legacy :class:`~kolossos.legacy.engine.Engine` from the launch
+config (``gpc.config``), as ``colossalai.initialize`` does. Also ``kolossos.initialize(...)``."""
+
+from __future__ import annotations
+
+import pprint
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import Optimizer
+
+from kolossos.accelerator import get_accelerator
+from kolossos.interface import OptimizerWrapper
+from kolossos.legacy.amp import AMP_TYPE
+from kolossos.legacy.context import ParallelMode
+from kolossos.legacy.core import global_context as gpc
+from kolossos.legacy.engine import Engine
+from kolossos.legacy.engine.config import EngineConfig
+from kolossos.legacy.engine.gradient_accumulation import accumulate_gradient
+from kolossos.legacy.engine.gradient_handler import BaseGradientHandler
+from kolossos.legacy.engine.schedule import NonPipelineSchedule
+from kolossos.legacy.registry import GRADIENT_HANDLER
+from kolossos.logging import get_dist_logger
+
+__all__ = ["initialize"]
+
+Criterion = Callable[..., torch.Tensor]
+
+
+def _check_environment(ophooks: Sequence[Any] | None) -> None:
+    """Refuse what this step does not provide yet, before any collective."""
+    if ophooks:
+        raise NotImplementedError(
+            f"initialize(ophooks=...) ({len(ophooks)} given) is not supported; use torch module "
+            "hooks (register_forward_hook / register_full_backward_hook) on the model."
+        )
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "initialize needs the distributed environment: call kolossos.launch_from_torch("
+            "config=...) (or another kolossos.launch*) first."
+        )
+    if gpc.pipeline_parallel_size > 1:
+        raise NotImplementedError(
+            f"parallel.pipeline={gpc.pipeline_parallel_size}: the legacy pipeline schedules are "
+            "not provided yet; use Booster(plugin=HybridParallelPlugin(pp_size=...))."
+        )
+    if gpc.is_initialized(ParallelMode.SEQUENCE):
+        raise NotImplementedError(
+            "parallel.tensor mode='sequence' is not supported by initialize yet; use "
+            "Booster(plugin=HybridParallelPlugin(sp_size=...))."
+        )
+
+
+def _build_model_and_optimizer(
+    model: Any, optimizer: Any
+) -> tuple[nn.Module, Optimizer | OptimizerWrapper]:
+    """Build a model given as a factory and an optimizer given as a class, on the device."""
+    if not isinstance(model, nn.Module):
+        if not callable(model):
+            raise TypeError(f"model must be an nn.Module or a function building one, got {model!r}")
+        model = model()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"the model function returned {type(model).__name__}, not nn.Module")
+    model = model.to(get_accelerator().get_current_device())
+    if not isinstance(optimizer, (Optimizer, OptimizerWrapper)):
+        if not callable(optimizer):
+            raise TypeError(
+                f"optimizer must be a torch optimizer or its class, got {type(optimizer).__name__}"
+            )
+        optimizer = optimizer(model.parameters())
+    if not isinstance(optimizer, (Optimizer, OptimizerWrapper)):
+        raise TypeError(
+            f"the optimizer class returned {type(optimizer).__name__}, not an Optimizer"
+        )
+    return model, optimizer
+
+
+def _broadcast_from_first_data_rank(model: nn.Module) -> None:
+    """Make every data-parallel replica start from the same weights (a collective)."""
+    group = gpc.get_group(ParallelMode.DATA)
+    src = gpc.get_ranks_in_group(ParallelMode.DATA)[0]
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=src, group=group)  # SYNC POINT
+
+
+def _build_handlers(
+    entries: list[dict[str, Any]], model: nn.Module, optimizer: Any
+) -> list[BaseGradientHandler]:
+    handlers = []
+    for entry in entries:
+        kwargs = dict(entry)
+        cls = GRADIENT_HANDLER.get_module(kwargs.pop("type"))
+        handlers.append(cls(model, optimizer, **kwargs))
+    return handlers
+
+
+def initialize(
+    model: nn.Module | Callable[[], nn.Module],
+    optimizer: Optimizer | OptimizerWrapper | Callable[..., Optimizer],
+    criterion: Criterion | None = None,
+    train_dataloader: Iterable[Any] | None = None,
+    test_dataloader: Iterable[Any] | None = None,
+    lr_scheduler: Any = None,
+    ophooks: Sequence[Any] | None = None,
+    verbose: bool = True,
+) -> tuple[Engine, Any, Any, Any]:
+    """Wrap model, optimizer, criterion, dataloader and lr scheduler with the features the
+    launch config asks for, and return them behind an :class:`Engine`.
+
+    Keys read from ``gpc.config`` (all checked before any collective):
+    ``fp16=dict(mode=AMP_TYPE.TORCH|NAIVE|APEX, **kwargs)`` (the Booster's mixed-precision
+    recipes), ``gradient_accumulation=N``, ``clip_grad_norm=x``,
+    ``gradient_handler=[dict(type=..., **kwargs)]`` (``GRADIENT_HANDLER`` registry),
+    ``torch_ddp=dict(...)``, ``cudnn_benchmark``, ``cudnn_deterministic``. With a data-parallel
+    size above 1 and no handler, the model is wrapped in torch DDP over ``ParallelMode.DATA``
+    (with ``AMP_TYPE.NAIVE``, ``DataParallelGradientHandler`` is used instead, as upstream).
+
+    Args:
+        model: the model, or a function building it (moved to the accelerator's device).
+        optimizer: its optimizer, or an optimizer class called with ``model.parameters()``.
+        criterion: the loss function.
+        train_dataloader: wrapped for gradient accumulation (whole cycles per epoch).
+        test_dataloader: returned as given.
+        lr_scheduler: wrapped for gradient accumulation (one real step per cycle).
+        ophooks: not supported (must be empty).
+        verbose: log the config and the choices made on rank 0.
+
+    Returns:
+        ``(engine, train_dataloader, test_dataloader, lr_scheduler)``.
+
+    Raises:
+        RuntimeError: called before ``kolossos.launch*``.
+        EngineConfigError, ValueError, TypeError: a bad feature key (see ``EngineConfig``).
+        NotImplementedError: ``zero``, pipeline or sequence parallelism, ``ophooks``.
+
+    Example:
+        >>> kolossos.launch_from_torch(config=dict(fp16=dict(mode=AMP_TYPE.TORCH)))
+        >>> engine, train_loader, _, _ = kolossos.initialize(
+        ...     model, optimizer, criterion, train_loader)  # doctest: +SKIP
+    """
+    config = EngineConfig.from_config(gpc.config)  # every config error surfaces here, locally
+    _check_environment(ophooks)
+    logger = get_dist_logger()
+    gpc.verbose = verbose
+    if verbose:
+        logger.info(f"initialize with the config:\n{pprint.pformat(dict(gpc.config))}", ranks=[0])
+    torch.backends.cudnn.benchmark = config.cudnn_benchmark
+    torch.backends.cudnn.deterministic = config.cudnn_deterministic
+
+    model, optim = _build_model_and_optimizer(model, optimizer)
+    dp_size = gpc.get_world_size(ParallelMode.DATA)
+    if dp_size > 1:
+        _broadcast_from_first_data_rank(model)
+    if config.amp is not None:
+        model, amp_optim, criterion = config.amp.configure(model, optim, criterion)
+        assert amp_optim is not None  # an optimizer went in
+        optim = amp_optim
+
+    entries = config.gradient_handlers
+    if entries is None and dp_size > 1:
+        if config.amp_mode is AMP_TYPE.NAIVE:
+            entries = [dict(type="DataParallelGradientHandler")]
+            note = "DataParallelGradientHandler (fp16 NAIVE)"
+        else:
+            accelerator = get_accelerator()
+            device_ids = None if accelerator.name == "cpu" else [accelerator.current_device()]
+            group = gpc.get_group(ParallelMode.DATA)
+            model = DDP(
+                model, device_ids=device_ids, process_group=group, **config.torch_ddp.ddp_kwargs()
+            )
+            note = "torch DistributedDataParallel"
+        if verbose:
+            logger.info(f"data parallel size {dp_size}: gradients reduced by {note}", ranks=[0])
+    wrapped = optim if isinstance(optim, OptimizerWrapper) else OptimizerWrapper(optim)
+    handlers = None if entries is None else _build_handlers(entries, model, wrapped)
+
+    if config.gradient_accumulation is not None:
+        wrapped, train_dataloader, handlers, lr_scheduler = accumulate_gradient(  # type: ignore[assignment]
+            model,
+            wrapped,
+            train_dataloader,
+            config.gradient_accumulation,
+            gradient_handlers=handlers,
+            lr_scheduler=lr_scheduler,
+        )
+    engine = Engine(
+        model,
+        wrapped,
+        criterion,
+        gradient_handlers=handlers,
+        clip_grad_norm=config.clip_grad_norm,
+        verbose=verbose,
+        schedule=NonPipelineSchedule(),
+    )
+    return engine, train_dataloader, test_dataloader, lr_scheduler

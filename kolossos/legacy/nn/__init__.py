@@ -1,0 +1,22 @@
+"""Colossal-AI's ``colossalai.legacy.nn``: the config-driven layers and loss
+(:mod:`kolossos.legacy.layers`), the losses (:mod:`.loss`) and the metrics (:mod:`.metric`).
+
+Example:
+    >>> from kolossos.legacy.nn.metric import Accuracy
+    >>> import kolossos.legacy.nn as col_nn
+    >>> col_nn.metric.Accuracy is Accuracy
+    True
+"""
+
+from kolossos.legacy.layers import CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear
+from kolossos.legacy.nn import loss, metric
+
+__all__ = [
+    "CrossEntropyLoss",
+    "Dropout",
+    "Embedding",
+    "LayerNorm",
+    "Linear",
+    "loss",
+    "metric",
+]
