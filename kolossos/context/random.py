@@ -1,29 +1,5 @@
-"""Colossal-AI's old import path ``colossalai.context.random``."""
+"""Colossal-AI's old import path ``colossalai.context.random`` (see
+:mod:`kolossos.legacy.context.random`)."""
 
-from kolossos.legacy.context.random import (
-    add_seed,
-    get_current_mode,
-    get_seeds,
-    get_states,
-    moe_set_seed,
-    reset_seeds,
-    seed,
-    set_mode,
-    set_seed_states,
-    sync_states,
-    with_seed,
-)
-
-__all__ = [
-    "add_seed",
-    "get_current_mode",
-    "get_seeds",
-    "get_states",
-    "moe_set_seed",
-    "reset_seeds",
-    "seed",
-    "set_mode",
-    "set_seed_states",
-    "sync_states",
-    "with_seed",
-]
+from kolossos.legacy.context.random import *  # noqa: F403
+from kolossos.legacy.context.random import __all__  # noqa: F401

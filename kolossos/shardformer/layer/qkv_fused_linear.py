@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -176,17 +176,7 @@ class GPT2FusedLinearConv1D_Col(FusedLinear1D_Col):
         Raises:
             TypeError: ``module`` is not a ``Conv1D``, or positional options.
         """
-        reject_positional(cls.__name__, args)
-        in_f, out_f, weight, bias = _conv1d_weights(cls.__name__, module)
-        return cls(
-            in_f,
-            out_f,
-            bias is not None,
-            process_group=process_group,
-            weight=weight,
-            bias_=bias,
-            **kwargs,
-        )
+        return _from_conv1d(cls, module, process_group, args, kwargs)
 
 
 class GPT2FusedLinearConv1D_Row(Linear1D_Row):
@@ -259,14 +249,25 @@ class GPT2FusedLinearConv1D_Row(Linear1D_Row):
         Raises:
             TypeError: ``module`` is not a ``Conv1D``, or positional options.
         """
-        reject_positional(cls.__name__, args)
-        in_f, out_f, weight, bias = _conv1d_weights(cls.__name__, module)
-        return cls(
-            in_f,
-            out_f,
-            bias is not None,
-            process_group=process_group,
-            weight=weight,
-            bias_=bias,
-            **kwargs,
-        )
+        return _from_conv1d(cls, module, process_group, args, kwargs)
+
+
+_C = TypeVar("_C", bound=nn.Module)
+
+
+def _from_conv1d(
+    cls: type[_C], module: nn.Module, process_group: GroupArg, args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> _C:  # fmt: skip
+    """``cls`` built from transformers ``Conv1D`` ``module``'s sizes and full weights."""
+    reject_positional(cls.__name__, args)
+    in_f, out_f, weight, bias = _conv1d_weights(cls.__name__, module)
+    return cls(
+        in_f,
+        out_f,
+        bias is not None,
+        process_group=process_group,
+        weight=weight,
+        bias_=bias,
+        **kwargs,
+    )
