@@ -15,6 +15,7 @@ whenever either is used. The hook
 
 from __future__ import annotations
 
+import atexit
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ __all__ = [
 class GlobalContextHook:
     """The launch hook of :data:`kolossos.legacy.core.global_context`."""
 
+    def __init__(self) -> None:
+        self._forget_at_exit = False
+
     def check(self, config: dict[str, Any] | Path, world_size: int) -> None:
         """Load ``config`` into ``gpc`` and check it; no process group is needed."""
         global_context.reset()
@@ -55,6 +59,12 @@ class GlobalContextHook:
         else:
             global_context.init_global_groups()
         global_context.set_seed(seed)
+        if not self._forget_at_exit:
+            # Registered after the launcher's own teardown, so it runs first (atexit is LIFO):
+            # the launcher destroys the process groups while nothing else holds them; a group
+            # object outliving that into interpreter teardown lets gloo abort the process.
+            self._forget_at_exit = True
+            atexit.register(global_context.reset)
 
 
 #: the hook instance ``kolossos.initialize`` calls
