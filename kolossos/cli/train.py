@@ -2,7 +2,7 @@
 without one).
 
 The configuration is read, validated and checked against the process count before anything
-starts; then the worker (:mod:`kolossos.trainer.worker`) runs on ``--nproc_per_node`` processes
+starts; then the worker (:mod:`kolossos.train.worker`) runs on ``--nproc_per_node`` processes
 through the same launcher as ``kolossos run``. Under ``torchrun`` (or ``kolossos run``) the
 command trains in the current process instead, which is how it runs on several machines.
 
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, NoReturn
 from kolossos.cli.train_job import run_job
 
 if TYPE_CHECKING:
-    from kolossos.trainer.config import TrainConfig
-    from kolossos.trainer.paths import RunPaths
+    from kolossos.train.config import TrainConfig
+    from kolossos.train.paths import RunPaths
 
 PROG = "kolossos train"
 
@@ -45,7 +45,7 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         from kolossos.cli.usage import explain_unknown
-        from kolossos.trainer.schema import all_keys
+        from kolossos.train.schema import all_keys
 
         raise _UsageError(explain_unknown(message, self, all_keys()))
 
@@ -285,9 +285,9 @@ def _check_port(port: int | None, *, free: bool) -> None:
 def _prepare(args: argparse.Namespace, rank0: bool) -> tuple[TrainConfig, RunPaths, bool] | int:
     """Read and check the options, the configuration, the corpus and the run folder, and
     decide whether the run resumes; an exit code when done (or refused)."""
-    from kolossos.trainer.config_files import load_config
-    from kolossos.trainer.errors import ConfigError
-    from kolossos.trainer.prelaunch import (
+    from kolossos.train.config_files import load_config
+    from kolossos.train.errors import ConfigError
+    from kolossos.train.prelaunch import (
         check_config,
         check_data,
         check_dependencies,
@@ -295,7 +295,7 @@ def _prepare(args: argparse.Namespace, rank0: bool) -> tuple[TrainConfig, RunPat
         resolve_resume,
         with_nproc,
     )
-    from kolossos.trainer.schema import config_to_dict
+    from kolossos.train.schema import config_to_dict
 
     under = _under_launcher()
     try:
@@ -327,7 +327,7 @@ def _train_here(config: TrainConfig, resume: bool) -> int:
     """Train in this process, which a launcher (torchrun, kolossos run) started."""
     import torch.distributed as dist
 
-    from kolossos.trainer.worker import run_worker
+    from kolossos.train.worker import run_worker
 
     try:
         return run_worker(config, resume)

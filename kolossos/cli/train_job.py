@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from kolossos.cli.launcher.plan import LaunchPlan
 from kolossos.cli.launcher.restarts import RESTART_ENV, run_with_restarts
 from kolossos.launch_env import WATCHDOG_ENV
-from kolossos.trainer.exit_codes import NOT_RETRIED
-from kolossos.trainer.failures import first_failure
-from kolossos.trainer.paths import RunPaths
+from kolossos.train.exit_codes import NOT_RETRIED
+from kolossos.train.failures import first_failure
+from kolossos.train.paths import RunPaths
 
 __all__ = ["JobOutcome", "free_port", "run_job"]
 
@@ -66,11 +66,11 @@ def run_job(
         port: the rendezvous port (``None``: a free one, chosen again for each attempt).
         resume: the first attempt continues from the latest complete checkpoint.
         max_restarts: relaunches after a failure (not after a configuration error, a stop by
-            the numerics guard or a Ctrl-C: see :data:`~kolossos.trainer.exit_codes.NOT_RETRIED`);
+            the numerics guard or a Ctrl-C: see :data:`~kolossos.train.exit_codes.NOT_RETRIED`);
             each continues from the latest complete checkpoint, or starts afresh without one.
         watchdog_s: the progress watchdog's time (``None``: ``KOLOSSOS_WATCHDOG`` if set).
     """
-    from kolossos.trainer.quiet import StderrFilter
+    from kolossos.train.quiet import StderrFilter
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -81,7 +81,7 @@ def run_job(
         nproc_per_node=nproc,
         master_addr="127.0.0.1",
         master_port=port or free_port(),
-        script="kolossos.trainer.worker",
+        script="kolossos.train.worker",
         script_args=_worker_args(str(paths.config), resume),
         extra_flags=["--module"],  # torchrun runs the worker as a module: no sys.path surprises
     )

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from kolossos.initialize import get_launch_config
-from kolossos.trainer.config_files import read_config_file  # until the legacy Config owns them
+from kolossos.train.config_files import read_config_file  # until the legacy Config owns them
 
 __all__ = [
     "TensorParallelSettings",

@@ -23,10 +23,10 @@ from kolossos.booster import Booster
 from kolossos.booster.plugin import GeminiPlugin, LowLevelZeroPlugin, TorchDDPPlugin
 from kolossos.checkpoint_io import CheckpointError
 from kolossos.testing import distributed
-from kolossos.trainer import load_config
-from kolossos.trainer.metrics import read_metrics
-from kolossos.trainer.paths import RunPaths, complete_checkpoints
-from kolossos.trainer.worker import EXIT_INTERRUPTED, run_worker
+from kolossos.train import load_config
+from kolossos.train.metrics import read_metrics
+from kolossos.train.paths import RunPaths, complete_checkpoints
+from kolossos.train.worker import EXIT_INTERRUPTED, run_worker
 
 from test_train_resume import StopAfter, losses, run_configs
 

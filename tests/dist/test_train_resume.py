@@ -18,11 +18,11 @@ from transformers import GPT2LMHeadModel  # noqa: F401  (imported once, before f
 
 from kolossos.booster.plugin import PLUGINS
 from kolossos.testing import distributed
-from kolossos.trainer import load_config
-from kolossos.trainer.loop import StopFlag
-from kolossos.trainer.metrics import read_metrics
-from kolossos.trainer.paths import RunPaths, complete_checkpoints
-from kolossos.trainer.worker import EXIT_INTERRUPTED, run_worker
+from kolossos.train import load_config
+from kolossos.train.loop import StopFlag
+from kolossos.train.metrics import read_metrics
+from kolossos.train.paths import RunPaths, complete_checkpoints
+from kolossos.train.worker import EXIT_INTERRUPTED, run_worker
 
 STEPS, STOP_AT, EVERY, KEEP = 9, 5, 2, 2
 TINY = [

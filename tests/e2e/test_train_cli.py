@@ -115,8 +115,8 @@ def check_outputs(run: Path, steps: int) -> None:
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     from kolossos.checkpoint_io import GeneralCheckpointIO
-    from kolossos.trainer.config import ModelSection
-    from kolossos.trainer.model import build_model
+    from kolossos.train.config import ModelSection
+    from kolossos.train.model import build_model
 
     config = write_config(tmp_path, steps=100_000, every=5)
     argv = command(str(config), f"output_dir={tmp_path / 'runs'}")

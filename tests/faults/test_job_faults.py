@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("transformers")
 psutil = pytest.importorskip("psutil")
 
-from kolossos.trainer.metrics import read_metrics  # noqa: E402
+from kolossos.train.metrics import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 HANG_S = 900  # only detects a hang: tests never gate on speed
@@ -98,7 +98,7 @@ def test_an_io_error_on_rank_0_only_ends_the_job_in_seconds(finished: Path, tmp_
     took = time.monotonic() - began
     print(f"\nI/O error on rank 0: job ended after {took:.1f} s (start-up included)")
     assert done.returncode != 0
-    assert "rank 0 failed at kolossos/trainer/metrics.py" in done.stderr, done.stderr
+    assert "rank 0 failed at kolossos/train/metrics.py" in done.stderr, done.stderr
     assert "IsADirectoryError" in done.stderr and "Timed out" not in done.stderr, done.stderr
     assert "ChildFailedError" not in done.stderr, done.stderr  # torch elastic's noise is dropped
     assert (out / "tiny" / ".failures" / "rank_00000.json").is_file()
@@ -113,7 +113,7 @@ def _workers(root: psutil.Process) -> list[psutil.Process]:
         child
         for agent in agents
         for child in agent.children()
-        if "kolossos.trainer.worker" in child.cmdline()
+        if "kolossos.train.worker" in child.cmdline()
         and "torch.distributed.run" not in child.cmdline()  # torch's own helper process
     ]
 

@@ -20,14 +20,14 @@ pytest.importorskip("safetensors")
 from safetensors.torch import load_file
 from transformers import GPT2LMHeadModel  # noqa: F401  (imported once, before forking)
 
-import kolossos.trainer.worker as worker
+import kolossos.train.worker as worker
 from kolossos.interface import unwrap_model
 from kolossos.testing import distributed
-from kolossos.trainer import load_config
-from kolossos.trainer.loop import Trainer
-from kolossos.trainer.metrics import read_metrics
-from kolossos.trainer.paths import RunPaths, complete_checkpoints
-from kolossos.trainer.worker import EXIT_NONFINITE, run_worker
+from kolossos.train import load_config
+from kolossos.train.loop import Trainer
+from kolossos.train.metrics import read_metrics
+from kolossos.train.paths import RunPaths, complete_checkpoints
+from kolossos.train.worker import EXIT_NONFINITE, run_worker
 
 TINY = [
     "model.n_layer=1",

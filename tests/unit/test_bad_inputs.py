@@ -32,11 +32,11 @@ from kolossos.ddp import TorchDDPConfig
 from kolossos.fsdp import build_config
 from kolossos.hybrid import HybridParallelConfig
 from kolossos.testing.network import free_port
-from kolossos.trainer import ConfigError, load_config
-from kolossos.trainer.paths import STATE_FILE, RunPaths, checkpoint_name
-from kolossos.trainer.plugins import build_plugin, check_plugin_values
-from kolossos.trainer.prelaunch import check_data, resolve_resume
-from kolossos.trainer.schema import config_to_dict
+from kolossos.train import ConfigError, load_config
+from kolossos.train.paths import STATE_FILE, RunPaths, checkpoint_name
+from kolossos.train.plugins import build_plugin, check_plugin_values
+from kolossos.train.prelaunch import check_data, resolve_resume
+from kolossos.train.schema import config_to_dict
 from kolossos.zero.gemini.gemini_config import GeminiConfig
 from kolossos.zero.low_level.config import LowLevelZeroConfig
 

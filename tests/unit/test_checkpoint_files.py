@@ -18,14 +18,14 @@ import torch
 from kolossos.booster import Booster
 from kolossos.checkpoint_io import CheckpointError
 from kolossos.testing.parity import TinyMLP
-from kolossos.trainer import checkpoint_files
-from kolossos.trainer.checkpoint_files import agree_on_error, read_rng_file
-from kolossos.trainer.checkpoints import Checkpointer, capture_rng, restore_rng
-from kolossos.trainer.config import DataSection
-from kolossos.trainer.data import load_corpus
-from kolossos.trainer.errors import ConfigError
-from kolossos.trainer.paths import STATE_FILE, RunPaths
-from kolossos.trainer.state_files import CheckpointFileError, read_state_file
+from kolossos.train import checkpoint_files
+from kolossos.train.checkpoint_files import agree_on_error, read_rng_file
+from kolossos.train.checkpoints import Checkpointer, capture_rng, restore_rng
+from kolossos.train.config import DataSection
+from kolossos.train.data import load_corpus
+from kolossos.train.errors import ConfigError
+from kolossos.train.paths import STATE_FILE, RunPaths
+from kolossos.train.state_files import CheckpointFileError, read_state_file
 
 RNG = Path("rng") / "rank_00000.pt"
 SCHED = "lr_scheduler.bin"

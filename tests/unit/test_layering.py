@@ -58,7 +58,8 @@ LAYERS: dict[str, int] = {
     "global_variables": 4,
     "registry": 4,
     "testing": 4,
-    "trainer": 4,
+    "train": 4,  # the `kolossos train` job
+    "trainer": 4,  # Colossal-AI's colossalai.trainer (Trainer, hooks): kolossos.legacy.trainer
 }
 #: the imports allowed between two packages of one layer (the order inside a layer)
 SIDEWAYS = {
@@ -78,21 +79,22 @@ SIDEWAYS = {
     ("hybrid", "zero"),  # HybridParallelPlugin's ZeRO is LowLevelZero over the dp axis
     ("mixed_precision", "booster"),  # the documented alias of kolossos.booster.mixed_precision
     ("cli", ""),  # kolossos.__version__
-    ("cli", "trainer"),  # the command line runs the training job
-    ("trainer", ""),  # kolossos.launch
+    ("cli", "train"),  # the command line runs the training job
+    ("train", ""),  # kolossos.launch
     ("testing", ""),
-    ("legacy", "trainer"),
+    ("legacy", "train"),
     ("", "legacy"),  # kolossos.launch* resolve through kolossos.legacy.launch_hook (lazily)
     ("constants", "legacy"),
     ("context", "legacy"),
     ("core", "legacy"),
     ("engine", "legacy"),
     ("global_variables", "legacy"),
-    ("registry", "legacy"),  # Python config files, until the legacy Config reads them itself
+    ("registry", "legacy"),
+    ("trainer", "legacy"),  # Python config files, until the legacy Config reads them itself
 }
 #: packages whose function-level kolossos imports are allowed: they defer torch for the start-up
-#: time of the command line (cli, trainer) or keep pytest's import order (testing)
-DEFERRED_IMPORTS_OK = {"cli", "trainer", "testing"}
+#: time of the command line (cli, train) or keep pytest's import order (testing)
+DEFERRED_IMPORTS_OK = {"cli", "train", "testing"}
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,16 @@ import torch
 
 from kolossos.booster.plugin import Plugin
 from kolossos.cli import train as train_cli
-from kolossos.trainer import ConfigError, TrainConfig, load_config
-from kolossos.trainer.config_files import apply_overrides, parse_override
-from kolossos.trainer.data import CharTokenizer, Corpus
-from kolossos.trainer.errors import did_you_mean
-from kolossos.trainer.paths import STATE_FILE, RunPaths, checkpoint_name
-from kolossos.trainer.plugins import build_plugin, check_layout, check_plugin_kwargs, plugin_class
-from kolossos.trainer.prelaunch import prepare_run_folder
-from kolossos.trainer.progress import ProgressBar, format_bytes, format_duration
-from kolossos.trainer.schema import all_keys, config_from_dict, config_to_dict
-from kolossos.trainer.setup import lr_lambda
+from kolossos.train import ConfigError, TrainConfig, load_config
+from kolossos.train.config_files import apply_overrides, parse_override
+from kolossos.train.data import CharTokenizer, Corpus
+from kolossos.train.errors import did_you_mean
+from kolossos.train.paths import STATE_FILE, RunPaths, checkpoint_name
+from kolossos.train.plugins import build_plugin, check_layout, check_plugin_kwargs, plugin_class
+from kolossos.train.prelaunch import prepare_run_folder
+from kolossos.train.progress import ProgressBar, format_bytes, format_duration
+from kolossos.train.schema import all_keys, config_from_dict, config_to_dict
+from kolossos.train.setup import lr_lambda
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "configs"
@@ -308,7 +308,7 @@ def test_progress_line_and_formats() -> None:
 def test_basic_png_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from kolossos.trainer.plot import write_loss_plot
+    from kolossos.train.plot import write_loss_plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     out = tmp_path / "loss.png"

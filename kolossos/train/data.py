@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import torch
 
-from kolossos.trainer.config import DataSection
-from kolossos.trainer.errors import ConfigError
-from kolossos.trainer.state_files import TOKENIZER_HINT, CheckpointFileError, read_tokenizer_file
+from kolossos.train.config import DataSection
+from kolossos.train.errors import ConfigError
+from kolossos.train.state_files import TOKENIZER_HINT, CheckpointFileError, read_tokenizer_file
 
 __all__ = [
     "BPETokenizer",

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 
 from kolossos.checkpoint_io import CheckpointError
-from kolossos.trainer.checkpoint_files import agree_on_error, read_rng_file, rng_state_problem
-from kolossos.trainer.paths import STATE_FILE, RunPaths, checkpoint_name, complete_checkpoints
-from kolossos.trainer.state_files import CheckpointFileError
+from kolossos.train.checkpoint_files import agree_on_error, read_rng_file, rng_state_problem
+from kolossos.train.paths import STATE_FILE, RunPaths, checkpoint_name, complete_checkpoints
+from kolossos.train.state_files import CheckpointFileError
 
 __all__ = ["Checkpointer", "capture_rng", "restore_rng"]
 
@@ -65,7 +65,7 @@ def restore_rng(state: dict[str, Any]) -> None:
     Raises:
         ValueError: ``state`` is not what :func:`capture_rng` returns (nothing was restored);
             a checkpoint's file is read and checked by
-            :func:`~kolossos.trainer.checkpoint_files.read_rng_file`.
+            :func:`~kolossos.train.checkpoint_files.read_rng_file`.
     """
     problem = rng_state_problem(state)
     if problem is not None:

@@ -26,9 +26,9 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from kolossos.trainer.checkpoints import Checkpointer
-from kolossos.trainer.metrics import MetricsLog
-from kolossos.trainer.numerics import (
+from kolossos.train.checkpoints import Checkpointer
+from kolossos.train.metrics import MetricsLog
+from kolossos.train.numerics import (
     NonFiniteError,
     any_rank,
     first_nonfinite,
@@ -36,9 +36,9 @@ from kolossos.trainer.numerics import (
     is_finite,
     local_tensors,
 )
-from kolossos.trainer.progress import ProgressBar
-from kolossos.trainer.schema import config_to_dict
-from kolossos.trainer.setup import RunParts
+from kolossos.train.progress import ProgressBar
+from kolossos.train.schema import config_to_dict
+from kolossos.train.setup import RunParts
 
 __all__ = ["MAX_ROLLBACKS", "RunResult", "StepOutcome", "StopFlag", "Trainer"]
 
@@ -117,7 +117,7 @@ class Trainer:
     """Runs steps ``start+1 .. train.steps`` of one rank.
 
     Args:
-        parts: what :func:`kolossos.trainer.setup.build_run` built.
+        parts: what :func:`kolossos.train.setup.build_run` built.
         stop: the flag the signal handlers set.
         stream: where rank 0 draws progress (default stdout); ``live`` forces in-place redraws.
     """

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from kolossos.trainer.config import ModelSection, SampleSection
+from kolossos.train.config import ModelSection, SampleSection
 
 __all__ = ["build_model", "causal_lm_loss", "count_parameters", "generate"]
 

@@ -1,13 +1,13 @@
 """The per-rank entry point of ``kolossos train``, started by the launcher on every process::
 
-    python -m torch.distributed.run ... -m kolossos.trainer.worker --config RUN/config.json
+    python -m torch.distributed.run ... -m kolossos.train.worker --config RUN/config.json
 
 ``--config`` is the resolved configuration that ``kolossos train`` validated and wrote before
 starting any process. SIGINT and SIGTERM ask for a clean stop: every rank finishes the current
 step, they agree to stop through the step's all-reduce, and the process exits with 130 (the last
 complete checkpoint stays as it was). A second SIGINT interrupts at once.
 
-A rank that fails reports it (:mod:`kolossos.trainer.failures`) and exits at once, without
+A rank that fails reports it (:mod:`kolossos.train.failures`) and exits at once, without
 entering another collective; its peers then see the connection close and leave too, so a failure
 ends the job in seconds instead of after the collective timeout.
 """
@@ -31,19 +31,19 @@ import torch.distributed as dist
 
 from kolossos.cluster.rank_failure import is_lost_peer
 from kolossos.cluster.watchdog import collective_report
-from kolossos.trainer.config import TrainConfig
-from kolossos.trainer.errors import ConfigError
-from kolossos.trainer.exit_codes import (
+from kolossos.train.config import TrainConfig
+from kolossos.train.errors import ConfigError
+from kolossos.train.exit_codes import (
     EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_NONFINITE,
 )
-from kolossos.trainer.failures import report_failure
-from kolossos.trainer.loop import StopFlag, Trainer
-from kolossos.trainer.numerics import NonFiniteError
-from kolossos.trainer.paths import RunPaths
-from kolossos.trainer.schema import config_from_dict
+from kolossos.train.failures import report_failure
+from kolossos.train.loop import StopFlag, Trainer
+from kolossos.train.numerics import NonFiniteError
+from kolossos.train.paths import RunPaths
+from kolossos.train.schema import config_from_dict
 
 __all__ = [
     "EXIT_CONFIG",
@@ -85,8 +85,8 @@ def _start(config: TrainConfig) -> None:
 def _train(
     config: TrainConfig, resume: bool, stop: StopFlag, out: TextIO, live: bool | None
 ) -> int:
-    from kolossos.trainer.report import banner, finish
-    from kolossos.trainer.setup import build_run
+    from kolossos.train.report import banner, finish
+    from kolossos.train.setup import build_run
 
     wall0 = time.monotonic()
     rank = dist.get_rank()
@@ -175,7 +175,7 @@ def run_worker(
 
 def main(argv: list[str] | None = None) -> int:
     """Read the resolved config file and train; used under the launcher (one call per rank)."""
-    parser = argparse.ArgumentParser(prog="python -m kolossos.trainer.worker")
+    parser = argparse.ArgumentParser(prog="python -m kolossos.train.worker")
     parser.add_argument("--config", required=True, help="resolved config (JSON) to train")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

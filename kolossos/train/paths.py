@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kolossos.trainer.state_files import read_state_file
+from kolossos.train.state_files import read_state_file
 
 __all__ = ["STATE_FILE", "RunPaths", "checkpoint_name", "complete_checkpoints"]
 
@@ -96,7 +96,7 @@ class RunPaths:
 
         Raises:
             CheckpointFileError: :data:`STATE_FILE` is missing, not valid JSON, or not a trainer
-                state (see :func:`~kolossos.trainer.state_files.read_state_file`).
+                state (see :func:`~kolossos.train.state_files.read_state_file`).
         """
         match = _STEP_RE.fullmatch(checkpoint.name)
         return read_state_file(checkpoint / STATE_FILE, int(match.group(1)) if match else None)

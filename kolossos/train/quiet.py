@@ -3,7 +3,7 @@
 When ``kolossos train`` stops a job (Ctrl-C), torch elastic logs its own shutdown and ends with
 a traceback of the ``SignalException`` it raises on purpose; when a worker fails, it prints a
 ``ChildFailedError`` traceback and a report of exit codes. None of that helps the user, whom the
-failing rank's own report (:mod:`kolossos.trainer.failures`) and ``kolossos train`` tell what
+failing rank's own report (:mod:`kolossos.train.failures`) and ``kolossos train`` tell what
 happened and how to resume. :class:`StderrFilter` routes the job's standard error (file
 descriptor 2, inherited by every process started inside it) through a thread that drops exactly
 those lines and passes everything else through unchanged (the workers' tracebacks included).

@@ -14,18 +14,18 @@ import os
 import shutil
 from pathlib import Path
 
-from kolossos.trainer.config import TrainConfig
-from kolossos.trainer.data import corpus_path, read_corpus_text, saved_chars, split_point
-from kolossos.trainer.errors import ConfigError
-from kolossos.trainer.paths import RunPaths
-from kolossos.trainer.plugins import (
+from kolossos.train.config import TrainConfig
+from kolossos.train.data import corpus_path, read_corpus_text, saved_chars, split_point
+from kolossos.train.errors import ConfigError
+from kolossos.train.paths import RunPaths
+from kolossos.train.plugins import (
     check_layout,
     check_model_split,
     check_plugin_kwargs,
     check_plugin_values,
     plugin_class,
 )
-from kolossos.trainer.schema import config_to_dict
+from kolossos.train.schema import config_to_dict
 
 __all__ = [
     "CHEAP_CORPUS_BYTES",

@@ -8,13 +8,13 @@ batches), :mod:`.model` (GPT-2 from ``transformers``), :mod:`.setup` (building a
 :mod:`.progress`, :mod:`.report`, :mod:`.prelaunch` and :mod:`.worker` (the per-rank entry point).
 
 Example:
-    >>> from kolossos.trainer import load_config
+    >>> from kolossos.train import load_config
     >>> config = load_config("examples/configs/gpt_shakespeare.toml", ["train.steps=50"])
     ... # doctest: +SKIP
 """
 
-from kolossos.trainer.config import TrainConfig
-from kolossos.trainer.config_files import load_config
-from kolossos.trainer.errors import ConfigError
+from kolossos.train.config import TrainConfig
+from kolossos.train.config_files import load_config
+from kolossos.train.errors import ConfigError
 
 __all__ = ["ConfigError", "TrainConfig", "load_config"]

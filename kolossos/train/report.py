@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kolossos.trainer.loop import RunResult
-from kolossos.trainer.metrics import MetricsLog
-from kolossos.trainer.progress import format_bytes, format_duration
-from kolossos.trainer.setup import RunParts
+from kolossos.train.loop import RunResult
+from kolossos.train.metrics import MetricsLog
+from kolossos.train.progress import format_bytes, format_duration
+from kolossos.train.setup import RunParts
 
 __all__ = ["banner", "finish", "generate_sample"]
 
@@ -45,7 +45,7 @@ def generate_sample(parts: RunParts, checkpoint: Path) -> str:
     import torch
 
     from kolossos.checkpoint_io import GeneralCheckpointIO
-    from kolossos.trainer.model import build_model, generate
+    from kolossos.train.model import build_model, generate
 
     c = parts.config
     tokenizer = parts.corpus.tokenizer

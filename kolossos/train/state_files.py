@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kolossos.trainer.errors import ConfigError
+from kolossos.train.errors import ConfigError
 
 __all__ = [
     "TOKENIZER_HINT",
@@ -46,7 +46,7 @@ class CheckpointFileError(ConfigError):
     """A file of a run (checkpoint state, RNG state, tokenizer...) cannot be used.
 
     The trainer's counterpart of :class:`kolossos.checkpoint_io.CheckpointError` for the files
-    it writes itself. It is a :class:`~kolossos.trainer.errors.ConfigError` (key ``--resume``),
+    it writes itself. It is a :class:`~kolossos.train.errors.ConfigError` (key ``--resume``),
     so ``kolossos train`` prints it as one paragraph and exits with code 2 before training.
 
     Args:

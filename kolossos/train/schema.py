@@ -10,7 +10,7 @@ import keyword
 from collections.abc import Mapping
 from typing import Any
 
-from kolossos.trainer.config import (
+from kolossos.train.config import (
     CheckpointSection,
     DataSection,
     ModelSection,
@@ -18,7 +18,7 @@ from kolossos.trainer.config import (
     TrainConfig,
     TrainSection,
 )
-from kolossos.trainer.errors import ConfigError
+from kolossos.train.errors import ConfigError
 
 __all__ = [
     "SECTIONS",

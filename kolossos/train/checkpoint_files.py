@@ -1,7 +1,7 @@
 """The trainer's own files in a checkpoint, checked before anything is restored.
 
 The RNG states a checkpoint keeps per rank (``rng/rank_NNNNN.pt``):
-:func:`~kolossos.trainer.checkpoints.capture_rng` writes a dict::
+:func:`~kolossos.train.checkpoints.capture_rng` writes a dict::
 
     "torch"        torch.get_rng_state(): a 1-D uint8 tensor (5056 bytes for the CPU generator)
     "python"       random.getstate(): (version, 625 ints, gauss or None)
@@ -11,7 +11,7 @@ The RNG states a checkpoint keeps per rank (``rng/rank_NNNNN.pt``):
 
 :func:`rng_state_problem` checks that structure and dtypes, then sets each state on a scratch
 generator (never the process's own), so a damaged state is refused before anything is restored.
-The JSON files (trainer state, tokenizer) are read by :mod:`kolossos.trainer.state_files`;
+The JSON files (trainer state, tokenizer) are read by :mod:`kolossos.train.state_files`;
 :func:`agree_on_error` lets every rank stop together when one rank's file is bad.
 """
 
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from kolossos.accelerator import get_accelerator
 from kolossos.checkpoint_io import CheckpointError
 from kolossos.checkpoint_io.backends import read_object_file
-from kolossos.trainer.state_files import CheckpointFileError
+from kolossos.train.state_files import CheckpointFileError
 
 __all__ = ["agree_on_error", "read_rng_file", "rng_state_problem"]
 
@@ -119,7 +119,7 @@ _CHECKS = {
 
 
 def rng_state_problem(state: Any, rank: int | None = None) -> str | None:
-    """What makes ``state`` unfit for :func:`~kolossos.trainer.checkpoints.restore_rng`.
+    """What makes ``state`` unfit for :func:`~kolossos.train.checkpoints.restore_rng`.
 
     Args:
         state: a loaded RNG state.

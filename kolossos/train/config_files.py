@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kolossos.trainer.config import TrainConfig
-from kolossos.trainer.errors import ConfigError
-from kolossos.trainer.schema import (
+from kolossos.train.config import TrainConfig
+from kolossos.train.errors import ConfigError
+from kolossos.train.schema import (
     FREE_TABLES,
     SECTIONS,
     all_keys,
@@ -172,7 +172,7 @@ def _as_dict(value: Any) -> dict[str, Any]:
     import dataclasses
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        from kolossos.trainer.schema import section_keys
+        from kolossos.train.schema import section_keys
 
         return {key: getattr(value, f) for key, f in section_keys(type(value)).items()}
     return {}

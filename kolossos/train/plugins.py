@@ -18,11 +18,11 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kolossos.trainer.errors import ConfigError, did_you_mean
+from kolossos.train.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from kolossos.booster.plugin import Plugin
-    from kolossos.trainer.config import TrainConfig
+    from kolossos.train.config import TrainConfig
 
 __all__ = [
     "MODEL_PARALLEL_KEYS",

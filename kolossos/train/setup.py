@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from kolossos.trainer.config import TrainConfig, TrainSection
-from kolossos.trainer.data import Corpus, load_corpus
-from kolossos.trainer.errors import ConfigError
-from kolossos.trainer.model import build_model, causal_lm_loss, count_parameters
-from kolossos.trainer.paths import RunPaths
-from kolossos.trainer.plugins import Layout, build_plugin, check_layout
+from kolossos.train.config import TrainConfig, TrainSection
+from kolossos.train.data import Corpus, load_corpus
+from kolossos.train.errors import ConfigError
+from kolossos.train.model import build_model, causal_lm_loss, count_parameters
+from kolossos.train.paths import RunPaths
+from kolossos.train.plugins import Layout, build_plugin, check_layout
 
 if TYPE_CHECKING:
     from kolossos.booster.plugin import Plugin

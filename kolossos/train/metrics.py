@@ -74,7 +74,7 @@ class MetricsLog:
 
     def plot(self, path: Path, title: str = "") -> str:
         """Write the loss curves to ``path``; return the renderer used."""
-        from kolossos.trainer.plot import write_loss_plot
+        from kolossos.train.plot import write_loss_plot
 
         return write_loss_plot(
             self.series("train", "loss"), self.series("val", "val_loss"), path, title

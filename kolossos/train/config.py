@@ -2,9 +2,9 @@
 
 A config file sets any subset of these keys; everything else keeps the defaults below, which
 train a small character-level GPT on the bundled Shakespeare corpus. Range checks live in each
-section's ``__post_init__`` and raise :class:`~kolossos.trainer.errors.ConfigError` naming the key,
+section's ``__post_init__`` and raise :class:`~kolossos.train.errors.ConfigError` naming the key,
 the value and what is allowed; cross-section rules (the parallel layout) are in
-:func:`kolossos.trainer.schema.check_layout`.
+:func:`kolossos.train.schema.check_layout`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kolossos.trainer.errors import ConfigError
+from kolossos.train.errors import ConfigError
 
 __all__ = [
     "PRECISIONS",
