@@ -131,9 +131,7 @@ class LossScaledOptimizer(OptimizerWrapper):
         params = [p for p in self.parameters() if p.grad is not None]
         if self._found_inf:  # the step is skipped anyway; don't let clipping raise or mix NaNs
             return torch.tensor(float("inf"))
-        return torch.nn.utils.clip_grad_norm_(
-            params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
-        )
+        return self._clip_params(params, max_norm, norm_type, error_if_nonfinite)
 
     def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
         """Unscale, then clamp every gradient element into ``[-clip_value, clip_value]``."""

@@ -10,7 +10,7 @@ loss scaler. Subclasses override what differs; the defaults describe a plain opt
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ import torch.nn as nn
 from torch.optim import Optimizer
 
 from kolossos.interface.model import unwrap_model
-from kolossos.interface.protocols import LossScaler
+from kolossos.interface.protocols import GradNormFn, LossScaler
 
 
 class OptimizerWrapper:
@@ -35,6 +35,11 @@ class OptimizerWrapper:
         tensor(...)
         >>> opt.step(); opt.zero_grad()
     """
+
+    #: the global gradient norm used by :meth:`clip_grad_by_norm` when gradients are split across
+    #: ranks in a way this wrapper does not know (set by the engine that split them, e.g. the
+    #: legacy Engine under tensor or pipeline parallelism); ``None``: the local norm
+    grad_norm_fn: GradNormFn | None = None
 
     def __init__(self, optim: Optimizer) -> None:
         if not isinstance(optim, Optimizer):
@@ -111,9 +116,34 @@ class OptimizerWrapper:
         """
         _check_clip(max_norm, "max_norm")
         params = [p for p in self.parameters() if p.grad is not None]
-        return torch.nn.utils.clip_grad_norm_(
-            params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        return self._clip_params(params, max_norm, norm_type, error_if_nonfinite)
+
+    def _clip_params(
+        self,
+        params: Sequence[torch.Tensor],
+        max_norm: float,
+        norm_type: float,
+        error_if_nonfinite: bool,
+    ) -> torch.Tensor:
+        """Clip the gradients of ``params`` (tensors this wrapper steps) by their global norm:
+        torch's local norm, or :attr:`grad_norm_fn`'s when set. Returns the norm."""
+        if self.grad_norm_fn is None:
+            return torch.nn.utils.clip_grad_norm_(
+                params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+            )
+        behind: dict[torch.Tensor, torch.Tensor] = dict(
+            zip(self.parameters(), self.working_params(), strict=True)
         )
+        pairs = [(p.grad, behind.get(p, p)) for p in params if p.grad is not None]
+        total = self.grad_norm_fn(pairs, float(norm_type))
+        if error_if_nonfinite and not bool(torch.isfinite(total)):
+            raise RuntimeError(
+                f"the total gradient norm of order {norm_type} is {float(total)}: some gradient "
+                "is NaN or infinite, so it cannot be clipped; pass error_if_nonfinite=False to "
+                "clip anyway, or find the layer that overflowed."
+            )
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
 
     def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
         """Clamp every gradient element into ``[-clip_value, clip_value]``."""

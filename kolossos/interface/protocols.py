@@ -2,6 +2,8 @@
 
 * :class:`LossScaler`: what optimizer checkpoints need of an fp16 loss scaler
   (:class:`kolossos.amp.BaseGradScaler` provides it).
+* :class:`GradNormFn`: the global gradient norm of a model whose gradients are split across
+  ranks (tensor-parallel shards, pipeline stages), for an optimizer wrapper's clipping.
 * :class:`ParamStateOwner`: an optimizer wrapper holding the master copy and the optimizer state
   of model parameters in its own layout (ZeRO partitions, tensor-parallel shards). Checkpoint IO
   asks it for *full* values and gives it full values back; it never reads the layout itself.
@@ -15,7 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch.optim import Optimizer
 
-__all__ = ["LossScaler", "ParamStateOwner"]
+__all__ = ["GradNormFn", "LossScaler", "ParamStateOwner"]
 
 
 class LossScaler(Protocol):
@@ -32,6 +34,21 @@ class LossScaler(Protocol):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state returned by :meth:`state_dict`."""
+        ...
+
+
+class GradNormFn(Protocol):
+    """Computes the ``norm_type``-norm of the whole model's gradients (a collective where the
+    gradients are split across ranks).
+
+    Called with ``(tensor holding the gradient, model parameter behind it)`` pairs: the first is
+    what the optimizer steps (a master copy, or the parameter itself), the second tells which
+    parallel layout the gradient has."""
+
+    def __call__(
+        self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], norm_type: float
+    ) -> torch.Tensor:
+        """The global norm, a 0-dim tensor, the same on every rank that takes part."""
         ...
 
 

@@ -14,15 +14,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from kolossos.accelerator import get_accelerator
+from kolossos.booster import Booster
 from kolossos.interface import OptimizerWrapper
 from kolossos.legacy.amp import AMP_TYPE
 from kolossos.legacy.context import ParallelMode
 from kolossos.legacy.core import global_context as gpc
 from kolossos.legacy.engine import Engine
 from kolossos.legacy.engine.config import EngineConfig
+from kolossos.legacy.engine.grad_norm import model_parallel_grad_norm
 from kolossos.legacy.engine.gradient_accumulation import accumulate_gradient
 from kolossos.legacy.engine.gradient_handler import BaseGradientHandler
-from kolossos.legacy.engine.schedule import NonPipelineSchedule
+from kolossos.legacy.engine.schedule.select import (
+    build_schedule,
+    check_pipeline_config,
+    with_pipeline_handlers,
+)
+from kolossos.legacy.engine.zero import ZeroSettings
 from kolossos.legacy.registry import GRADIENT_HANDLER
 from kolossos.logging import get_dist_logger
 
@@ -43,16 +50,34 @@ def _check_environment(ophooks: Sequence[Any] | None) -> None:
             "initialize needs the distributed environment: call kolossos.launch_from_torch("
             "config=...) (or another kolossos.launch*) first."
         )
-    if gpc.pipeline_parallel_size > 1:
-        raise NotImplementedError(
-            f"parallel.pipeline={gpc.pipeline_parallel_size}: the legacy pipeline schedules are "
-            "not provided yet; use Booster(plugin=HybridParallelPlugin(pp_size=...))."
-        )
+    check_pipeline_config(gpc.config, gpc.pipeline_parallel_size)  # NUM_MICRO_BATCHES, ...
     if gpc.is_initialized(ParallelMode.SEQUENCE):
         raise NotImplementedError(
             "parallel.tensor mode='sequence' is not supported by initialize yet; use "
             "Booster(plugin=HybridParallelPlugin(sp_size=...))."
         )
+
+
+def _check_zero_layout() -> None:
+    """ZeRO through ``initialize`` shards over the whole world: refuse model parallelism."""
+    tp, pp = gpc.tensor_parallel_size, gpc.pipeline_parallel_size
+    if tp > 1 or pp > 1:
+        raise NotImplementedError(
+            f"zero=dict(...) with tensor size {tp} and pipeline size {pp}: ZeRO through "
+            "kolossos.initialize shards over the data-parallel world only; drop parallel.tensor "
+            "and parallel.pipeline, or use Booster(plugin=HybridParallelPlugin(tp_size=..., "
+            "pp_size=..., zero_stage=1|2))."
+        )
+
+
+def _apply_zero(
+    settings: ZeroSettings, model: nn.Module, optimizer: Any, criterion: Criterion | None
+) -> tuple[nn.Module, OptimizerWrapper, Criterion | None]:
+    """Wrap model and optimizer with the Booster's ZeRO engine (COLLECTIVE)."""
+    booster = Booster(plugin=settings.build_plugin())
+    model, optim, criterion, _, _ = booster.boost(model, optimizer, criterion)
+    assert optim is not None  # an optimizer went in
+    return model, optim, criterion
 
 
 def _build_model_and_optimizer(
@@ -145,6 +170,8 @@ def initialize(
     """
     config = EngineConfig.from_config(gpc.config)  # every config error surfaces here, locally
     _check_environment(ophooks)
+    if config.zero is not None:
+        _check_zero_layout()
     logger = get_dist_logger()
     gpc.verbose = verbose
     if verbose:
@@ -160,12 +187,16 @@ def initialize(
         model, amp_optim, criterion = config.amp.configure(model, optim, criterion)
         assert amp_optim is not None  # an optimizer went in
         optim = amp_optim
+    if config.zero is not None:
+        model, optim, criterion = _apply_zero(config.zero, model, optim, criterion)
 
     entries = config.gradient_handlers
-    if entries is None and dp_size > 1:
-        if config.amp_mode is AMP_TYPE.NAIVE:
+    if entries is None and config.zero is not None:
+        entries = [dict(type="ZeROGradientHandler")]
+    elif entries is None and dp_size > 1:
+        if config.amp_mode is AMP_TYPE.NAIVE or gpc.pipeline_parallel_size > 1:
             entries = [dict(type="DataParallelGradientHandler")]
-            note = "DataParallelGradientHandler (fp16 NAIVE)"
+            note = "DataParallelGradientHandler (fp16 NAIVE or pipeline)"
         else:
             accelerator = get_accelerator()
             device_ids = None if accelerator.name == "cpu" else [accelerator.current_device()]
@@ -177,6 +208,9 @@ def initialize(
         if verbose:
             logger.info(f"data parallel size {dp_size}: gradients reduced by {note}", ranks=[0])
     wrapped = optim if isinstance(optim, OptimizerWrapper) else OptimizerWrapper(optim)
+    if config.zero is None:  # the ZeRO optimizers compute their own global norm
+        wrapped.grad_norm_fn = model_parallel_grad_norm()
+    entries = with_pipeline_handlers(entries, model)  # shared (tied) pipeline parameters
     handlers = None if entries is None else _build_handlers(entries, model, wrapped)
 
     if config.gradient_accumulation is not None:
@@ -195,6 +229,6 @@ def initialize(
         gradient_handlers=handlers,
         clip_grad_norm=config.clip_grad_norm,
         verbose=verbose,
-        schedule=NonPipelineSchedule(),
+        schedule=build_schedule(gpc.config, gpc.pipeline_parallel_size),
     )
     return engine, train_dataloader, test_dataloader, lr_scheduler

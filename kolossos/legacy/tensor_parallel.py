@@ -4,8 +4,8 @@ Colossal-AI's legacy API reads ``parallel.tensor`` from the config given to ``la
 
     CONFIG = dict(parallel=dict(data=1, pipeline=1, tensor=dict(size=2, mode="1d")))
 
-Ranks are laid out as in Colossal-AI's legacy context: the tensor-parallel groups are blocks of
-``size`` consecutive ranks (tensor innermost, then data, then pipeline). A module-level *parallel
+The settings come from the launch config (``gpc.config``) and the groups from the global context
+``gpc`` (tensor innermost: blocks of ``size`` consecutive ranks). A module-level *parallel
 input* flag makes consecutive ``Linear`` layers alternate column- then row-parallel, as
 Colossal-AI's environment does.
 """
@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from kolossos.initialize import get_launch_config
-from kolossos.train.config_files import read_config_file  # until the legacy Config owns them
+from kolossos.legacy.context import ParallelMode
+from kolossos.legacy.core import global_context as gpc
 
 __all__ = [
     "TensorParallelSettings",
@@ -33,7 +32,6 @@ __all__ = [
 
 TP_MODES = ("1d", "2d", "2.5d", "3d")
 _parallel_input = False
-_groups: dict[tuple[Any, ...], ProcessGroup] = {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,27 +72,20 @@ def _size(value: Any, name: str) -> int:
     return value
 
 
-def _launch_mapping() -> Mapping[str, Any]:
-    config = get_launch_config()
-    if config is None:
-        return {}
-    if isinstance(config, Path):
-        # The legacy Colossal-AI config is a Python file with module-level names.
-        return read_config_file(config)
-    return config
-
-
 def read_tensor_parallel_settings(
     config: Mapping[str, Any] | None = None,
 ) -> TensorParallelSettings:
-    """Parse ``config["parallel"]`` (default: the config of the last ``kolossos.launch``).
+    """Parse ``config["parallel"]`` (default: ``gpc.config``, the config of the launch; before
+    any launch, no parallelism).
 
     The data-parallel size defaults to ``world_size // (pipeline * tensor)``.
 
     Raises:
         ValueError: malformed sizes, or sizes whose product is not the world size.
     """
-    raw = _launch_mapping() if config is None else config
+    if config is None:
+        config = gpc.config if dist.is_initialized() else {}
+    raw = config
     parallel = raw.get("parallel") or {}
     tensor = parallel.get("tensor") or {}
     if not isinstance(tensor, Mapping):
@@ -123,24 +114,28 @@ def read_tensor_parallel_settings(
 
 
 def get_tensor_parallel_group(settings: TensorParallelSettings) -> ProcessGroup:
-    """This rank's tensor-parallel group: its block of ``tensor_size`` consecutive ranks (the
-    world group when ``tensor_size`` is the world size).
+    """This rank's tensor-parallel group: ``gpc``'s ``ParallelMode.TENSOR`` group (its block of
+    ``tensor_size`` consecutive ranks), built by the launch.
 
-    COLLECTIVE over the world the first time (every group is created on every rank, in order).
+    Raises:
+        RuntimeError: the launch built no tensor group of ``settings.tensor_size`` ranks (the
+            settings do not come from the launch config).
     """
-    world = dist.get_world_size()
-    if settings.tensor_size == world:
+    if settings.tensor_size == dist.get_world_size() and not gpc.is_initialized(
+        ParallelMode.TENSOR
+    ):
         assert dist.group.WORLD is not None
         return dist.group.WORLD
-    key = (id(dist.group.WORLD), world, settings.tensor_size)
-    if key not in _groups:
-        mine = dist.get_rank() // settings.tensor_size
-        for index in range(world // settings.tensor_size):
-            ranks = list(range(index * settings.tensor_size, (index + 1) * settings.tensor_size))
-            group = dist.new_group(ranks)  # SYNC POINT: every rank creates every group
-            if index == mine:
-                _groups[key] = group
-    return _groups[key]
+    if (
+        not gpc.is_initialized(ParallelMode.TENSOR)
+        or gpc.get_world_size(ParallelMode.TENSOR) != settings.tensor_size
+    ):
+        raise RuntimeError(
+            f"no tensor-parallel group of {settings.tensor_size} ranks was built at launch; give "
+            "parallel=dict(tensor=dict(size=..., mode='1d')) to kolossos.launch*(config=...) "
+            "before building kolossos.nn layers."
+        )
+    return gpc.get_group(ParallelMode.TENSOR)
 
 
 def get_parallel_input() -> bool:

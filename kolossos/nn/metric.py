@@ -20,10 +20,11 @@ if TYPE_CHECKING:
         Accuracy2D,
         Accuracy2p5D,
         Accuracy3D,
+        MixupAccuracy,
         calc_acc,
     )
 
-__all__ = ["Accuracy", "Accuracy2D", "Accuracy2p5D", "Accuracy3D", "calc_acc"]
+__all__ = ["Accuracy", "Accuracy2D", "Accuracy2p5D", "Accuracy3D", "MixupAccuracy", "calc_acc"]
 
 _LAZY: dict[str, tuple[str, str | None]] = {
     name: ("kolossos.legacy.nn.metric", name) for name in __all__

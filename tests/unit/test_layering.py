@@ -82,7 +82,6 @@ SIDEWAYS = {
     ("cli", "train"),  # the command line runs the training job
     ("train", ""),  # kolossos.launch
     ("testing", ""),
-    ("legacy", "train"),
     ("", "legacy"),  # kolossos.launch* resolve through kolossos.legacy.launch_hook (lazily)
     ("constants", "legacy"),
     ("context", "legacy"),

@@ -24,7 +24,11 @@ from kolossos.legacy.engine.gradient_accumulation import (
     GradAccumLrSchedulerByStep,
     GradAccumOptimizer,
 )
-from kolossos.legacy.engine.schedule import NonPipelineSchedule
+from kolossos.legacy.engine.schedule import (
+    InterleavedPipelineSchedule,
+    NonPipelineSchedule,
+    PipelineSchedule,
+)
 from kolossos.legacy.initialize import initialize
 from kolossos.registry import GRADIENT_HANDLER
 
@@ -68,7 +72,35 @@ def _initialize_with(config: dict[str, Any]) -> None:
             EngineConfigError,
             "both fp16 and zero",
         ),
-        (dict(zero=dict()), NotImplementedError, "LowLevelZeroPlugin.*GeminiPlugin"),
+        (dict(zero=dict(stages=2)), EngineConfigError, "unknown zero key.*stages.*accepted"),
+        (dict(zero=dict(stage=4)), EngineConfigError, "stage=4 must be 1 or 2"),
+        (dict(zero=dict(stage=1, level=1)), EngineConfigError, "both stage and level"),
+        (dict(zero=dict(precision="fp8")), EngineConfigError, "precision='fp8'"),
+        (
+            dict(zero=dict(stage=2, model_config=dict(tensor_placement_policy="cpu"))),
+            EngineConfigError,
+            "placement_policy configure the ZeRO-3 model",
+        ),
+        (
+            dict(zero=dict(optimizer_config=dict(initial_scal=8))),
+            EngineConfigError,
+            "unknown zero.optimizer_config option.*initial_scal.*initial_scale",
+        ),
+        (
+            dict(zero=dict(model_config=dict(tensor_placement_policy="gpu"))),
+            EngineConfigError,
+            "config key zero:.*gpu",
+        ),
+        (
+            dict(zero=dict(model_config=dict(chunk_size=3))),
+            EngineConfigError,
+            "config key zero:.*chunk_size",
+        ),
+        (
+            dict(zero=dict(optimizer_config=dict(initial_scale=-1))),
+            EngineConfigError,
+            "config key zero:.*initial_scale",
+        ),
         (
             dict(gradient_handler=[dict(type="NoSuchHandler")]),
             EngineConfigError,
@@ -147,7 +179,8 @@ def test_names_resolve_where_colossal_ai_has_them() -> None:
     assert Engine is legacy_engine.Engine and Base2 is BaseGradientHandler
     assert issubclass(DataParallelGradientHandler, BaseGradientHandler)
     assert issubclass(NonPipelineSchedule, BaseSchedule)
-    assert not hasattr(kolossos.engine.schedule, "PipelineSchedule")  # the next step
+    assert kolossos.engine.schedule.PipelineSchedule is PipelineSchedule
+    assert kolossos.engine.schedule.InterleavedPipelineSchedule is InterleavedPipelineSchedule
 
 
 def test_initialize_attribute_in_a_fresh_interpreter() -> None:

@@ -19,7 +19,7 @@ _NUMBER = (int, float)
 RESERVED_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "parallel": ((Mapping,), "process-group layout: dict(data, pipeline, tensor=dict(...))"),
     "fp16": ((Mapping,), "mixed precision: dict(mode=AMP_TYPE..., **kwargs)"),
-    "zero": ((Mapping,), "ZeRO: dict(model_config=..., optimizer_config=...)"),
+    "zero": ((Mapping,), "ZeRO: dict(stage=1|2|3, model_config=..., optimizer_config=...)"),
     "gradient_accumulation": ((int,), "accumulate gradients over N iterations"),
     "clip_grad_norm": (_NUMBER, "clip the global gradient norm to this value"),
     "gradient_handler": ((list, tuple), "[dict(type='HandlerName', **kwargs)]"),

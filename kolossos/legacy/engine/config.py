@@ -11,24 +11,12 @@ from kolossos.booster.mixed_precision import MixedPrecision
 from kolossos.ddp import TorchDDPConfig
 from kolossos.legacy.amp.amp_type import AMP_TYPE, parse_amp_mode
 from kolossos.legacy.amp.convert import build_amp_recipe
-from kolossos.legacy.context import ConfigException
+from kolossos.legacy.engine.errors import EngineConfigError
 from kolossos.legacy.engine.gradient_handler import BaseGradientHandler
+from kolossos.legacy.engine.zero import ZeroSettings
 from kolossos.legacy.registry import GRADIENT_HANDLER
 
 __all__ = ["EngineConfig", "EngineConfigError"]
-
-
-class EngineConfigError(ConfigException, ValueError):
-    """A launch config that ``initialize`` cannot honour (a ``ConfigException``, as Colossal-AI
-    raises, and a ``ValueError``)."""
-
-
-def _zero_not_yet(zero: Any) -> NotImplementedError:
-    return NotImplementedError(
-        f"config key zero={dict(zero)!r} is not supported by kolossos.initialize yet; use the "
-        "Booster: Booster(plugin=LowLevelZeroPlugin(stage=1|2)) for ZeRO-1/2 or "
-        "Booster(plugin=GeminiPlugin()) for ZeRO-3 (kolossos.booster.plugin)."
-    )
 
 
 def _amp(config: Mapping[str, Any]) -> tuple[AMP_TYPE | None, MixedPrecision | None]:
@@ -113,6 +101,8 @@ class EngineConfig:
     """``torch.backends.cudnn.benchmark``."""
     cudnn_deterministic: bool = False
     """``torch.backends.cudnn.deterministic``."""
+    zero: ZeroSettings | None = None
+    """The ``zero`` key: the ZeRO engine and its options (``None``: no ZeRO)."""
 
     def __post_init__(self) -> None:
         if self.gradient_accumulation is not None and self.gradient_accumulation < 1:
@@ -132,8 +122,8 @@ class EngineConfig:
             EngineConfigError: a bad value (unknown handler type, fp16 without a mode, both
                 ``fp16`` and ``zero``...).
             ValueError, TypeError: a bad ``fp16`` mode or argument.
-            NotImplementedError: ``zero`` (the Booster's ZeRO plugins do it), or the older
-                ``amp`` key.
+            ZeroConfigError: a bad ``zero`` key.
+            NotImplementedError: the older ``amp`` key.
         """
         zero, fp16 = config.get("zero"), config.get("fp16")
         if zero is not None and fp16 is not None and fp16.get("mode") is not None:
@@ -141,8 +131,6 @@ class EngineConfig:
                 "the config sets both fp16 and zero, which cannot be combined (ZeRO keeps its own "
                 "fp16 master weights); remove fp16, or remove zero."
             )
-        if zero is not None:
-            raise _zero_not_yet(zero)
         if config.get("amp") is not None:
             raise NotImplementedError(
                 "config key amp is not read by initialize; write the AMP settings as "
@@ -158,4 +146,5 @@ class EngineConfig:
             torch_ddp=_torch_ddp(config),
             cudnn_benchmark=bool(config.get("cudnn_benchmark", False)),
             cudnn_deterministic=bool(config.get("cudnn_deterministic", False)),
+            zero=None if zero is None else ZeroSettings.from_config(zero),
         )

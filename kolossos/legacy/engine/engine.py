@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from kolossos.interface import OptimizerWrapper
-from kolossos.legacy.engine.schedule import BaseSchedule, NonPipelineSchedule
+from kolossos.legacy.engine.schedule import BaseSchedule, NonPipelineSchedule, PipelineSchedule
 from kolossos.legacy.engine.schedule.base import StepResult
 
 __all__ = ["Engine", "GradientHandler"]
@@ -129,8 +129,9 @@ class Engine:
 
     @property
     def uses_pipeline(self) -> bool:
-        """Whether the schedule is a pipeline schedule (never yet: none is provided)."""
-        return False
+        """Whether the schedule is a pipeline schedule (``PipelineSchedule`` or
+        ``InterleavedPipelineSchedule``)."""
+        return isinstance(self._schedule, PipelineSchedule)
 
     def add_hook(self, ophook: Any) -> None:
         """Not supported: raises ``NotImplementedError``."""

@@ -10,6 +10,7 @@ Example:
 
 from kolossos.legacy.layers import CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear
 from kolossos.legacy.nn import loss, metric
+from kolossos.legacy.nn.wrapper import PipelineSharedModuleWrapper
 
 __all__ = [
     "CrossEntropyLoss",
@@ -17,6 +18,7 @@ __all__ = [
     "Embedding",
     "LayerNorm",
     "Linear",
+    "PipelineSharedModuleWrapper",
     "loss",
     "metric",
 ]

@@ -191,6 +191,11 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         with self.module.no_sync():
             yield
 
+    def sync_grad(self) -> None:
+        """Finish the reduction of the chunks' gradients over the data-parallel group (nothing
+        is pending after ``backward``, which finishes it; COLLECTIVE otherwise)."""
+        self.module.finish_backward()
+
     # ------------------------------------------------------------------ gradients
     def _grad_shards(self) -> list[torch.Tensor]:
         return [c.grad_shard for c in self.manager if c.grad_shard is not None]

@@ -330,6 +330,12 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         self.reducer.finish()
         self._backwards += 1
 
+    def sync_grad(self) -> None:
+        """Reduce now the gradients accumulated without communication (``no_sync`` passes);
+        nothing to do after a synchronised backward (COLLECTIVE when something is pending)."""
+        if self.reducer.local_unreduced:
+            self.reducer.reduce_all()
+
     # ------------------------------------------------------------------ gradients
     def _prepare(self) -> tuple[list[torch.Tensor | None], bool]:
         """Gradient partitions next to the masters and in their dtype (fp32, or the working

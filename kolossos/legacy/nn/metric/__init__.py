@@ -15,5 +15,6 @@ from kolossos.legacy.nn.metric.accuracy import (
     Accuracy3D,
     calc_acc,
 )
+from kolossos.legacy.nn.metric.mixup import MixupAccuracy
 
-__all__ = ["Accuracy", "Accuracy2D", "Accuracy2p5D", "Accuracy3D", "calc_acc"]
+__all__ = ["Accuracy", "Accuracy2D", "Accuracy2p5D", "Accuracy3D", "MixupAccuracy", "calc_acc"]
