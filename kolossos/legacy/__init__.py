@@ -3,7 +3,8 @@ round): config files and the global parallel context (:mod:`kolossos.legacy.cont
 :mod:`kolossos.legacy.core`'s ``global_context``, filled by ``kolossos.launch`` through
 :mod:`kolossos.legacy.launch_hook`), the registries and constants, the tensor-parallel settings
 read from the launch config (:mod:`kolossos.legacy.tensor_parallel`) and the layers that follow
-them (:mod:`kolossos.legacy.layers`, exported as ``kolossos.nn.Linear`` and friends), and
+them (:mod:`kolossos.legacy.nn.layer.colossalai_layer`, exported as ``kolossos.nn.Linear``
+and friends), and
 ``initialize`` → :class:`~kolossos.legacy.engine.Engine` with the AMP modes of
 :mod:`kolossos.legacy.amp` (:mod:`kolossos.legacy.initialize`, also ``kolossos.initialize``).
 See ``docs/legacy.md``.

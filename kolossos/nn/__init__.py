@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING
 from kolossos._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from kolossos.legacy.layers import CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear
+    from kolossos.legacy.nn.layer.colossalai_layer import (
+        CrossEntropyLoss,
+        Dropout,
+        Embedding,
+        LayerNorm,
+        Linear,
+    )
     from kolossos.nn import layer, lr_scheduler, metric, optimizer
     from kolossos.nn.layer.parallel_1d import (
         Dropout1D,
@@ -62,14 +68,38 @@ _LAYERS_1D = (
     "Linear1D_Row",
     "VocabParallelEmbedding1D",
 )
+#: the 2D / 2.5D / 3D layers and their batch helpers (kolossos.legacy.nn.layer, gpc's groups)
+_LAYERS_ND = (
+    tuple(
+        f"{kind}{mode}"
+        for mode in ("2D", "2p5D", "3D")
+        for kind in (
+            "Classifier",
+            "Dropout",
+            "Embedding",
+            "LayerNorm",
+            "Linear",
+            "PatchEmbedding",
+            "VocabParallelClassifier",
+            "VocabParallelEmbedding",
+        )
+    )
+    + tuple(
+        f"{helper}_{mode}"
+        for helper in ("reduce_by_batch", "split_batch")
+        for mode in ("2d", "2p5d", "3d")
+    )
+    + ("split_tensor_2p5d", "split_tensor_3d")
+)
 _LAZY: dict[str, tuple[str, str | None]] = {
     **{
         name: (f"kolossos.nn.{name}", None)
         for name in ("layer", "lr_scheduler", "metric", "optimizer")
     },
     **{name: ("kolossos.nn.optimizer", name) for name in _OPTIMIZERS},
-    **{name: ("kolossos.legacy.layers", name) for name in _LAYERS},
+    **{name: ("kolossos.legacy.nn.layer.colossalai_layer", name) for name in _LAYERS},
     **{name: ("kolossos.nn.layer.parallel_1d", name) for name in _LAYERS_1D},
+    **{name: ("kolossos.legacy.nn.layer", name) for name in _LAYERS_ND},
 }
 
 __all__ = [
@@ -96,6 +126,7 @@ __all__ = [
     "lr_scheduler",
     "metric",
     "optimizer",
+    *_LAYERS_ND,
 ]
 
 

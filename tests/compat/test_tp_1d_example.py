@@ -21,6 +21,7 @@ from torch import nn
 
 import kolossos
 import kolossos.nn as col_nn
+from kolossos.legacy.nn.layer import Linear2D, Linear2p5D
 from kolossos.legacy.tensor_parallel import get_parallel_input, read_tensor_parallel_settings
 from kolossos.nn.layer.parallel_1d import Dropout1D, Linear1D_Col, Linear1D_Row
 from kolossos.testing import spawn
@@ -140,7 +141,7 @@ def _data_and_tensor(rank: int, world_size: int, port: int, config_file: str) ->
             port=port,
             verbose=False,
         )
-    for mode, extra in (("2d", {}), ("2.5d", {"depth": 1})):
+    for mode, extra, cls in (("2d", {}, Linear2D), ("2.5d", {"depth": 1}, Linear2p5D)):
         with warnings.catch_warnings():  # launching again reuses the process group, with a warning
             warnings.simplefilter("ignore", RuntimeWarning)
             kolossos.launch(
@@ -151,8 +152,9 @@ def _data_and_tensor(rank: int, world_size: int, port: int, config_file: str) ->
                 port=port,
                 verbose=False,
             )
-        with pytest.raises(NotImplementedError, match=repr(mode)):
-            col_nn.Linear(4, 4)
+        assert isinstance(col_nn.Linear(4, 4), cls)  # the config's mode picks the layer
+        with pytest.raises(ValueError, match="gather_output applies to 1D"):
+            col_nn.Linear(4, 4, gather_output=True)
     return ranks
 
 

@@ -94,9 +94,9 @@ def test_calc_acc_counts_correct_predictions() -> None:
 def test_accuracy_rejects_what_it_cannot_do() -> None:
     with pytest.raises(ValueError, match=r"parallel_output=True\) needs"):
         Accuracy(parallel_output=True)
-    for cls in (Accuracy2D, Accuracy2p5D, Accuracy3D):
-        with pytest.raises(NotImplementedError, match=cls.__name__):
-            cls()
+    for cls, mode in ((Accuracy2D, "2D"), (Accuracy2p5D, "2.5D"), (Accuracy3D, "3D")):
+        with pytest.raises(RuntimeError, match=f"{mode} tensor-parallel layers need the {mode}"):
+            cls()  # no launch: no process groups of the mode
 
 
 # ---------------------------------------------------------------- loader without a launch

@@ -1,5 +1,6 @@
 """Colossal-AI's ``colossalai.legacy.nn``: the config-driven layers and loss
-(:mod:`kolossos.legacy.layers`), the losses (:mod:`.loss`) and the metrics (:mod:`.metric`).
+(:mod:`kolossos.legacy.nn.layer.colossalai_layer`), the tensor-parallel layers of each mode
+(:mod:`.layer`), the losses (:mod:`.loss`) and the metrics (:mod:`.metric`).
 
 Example:
     >>> from kolossos.legacy.nn.metric import Accuracy
@@ -8,8 +9,14 @@ Example:
     True
 """
 
-from kolossos.legacy.layers import CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear
 from kolossos.legacy.nn import loss, metric
+from kolossos.legacy.nn.layer.colossalai_layer import (
+    CrossEntropyLoss,
+    Dropout,
+    Embedding,
+    LayerNorm,
+    Linear,
+)
 from kolossos.legacy.nn.wrapper import PipelineSharedModuleWrapper
 
 __all__ = [

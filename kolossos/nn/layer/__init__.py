@@ -4,6 +4,6 @@
   shardformer plans and the hybrid-parallel plugin use).
 
 Colossal-AI's config-driven ``kolossos.nn.Linear`` / ``Dropout`` / ``Embedding`` / ``LayerNorm``
-read the launch config, so they belong to the legacy API: :mod:`kolossos.legacy.layers`
-(``kolossos.nn`` re-exports them lazily).
+read the launch config, so they belong to the legacy API:
+:mod:`kolossos.legacy.nn.layer.colossalai_layer` (``kolossos.nn`` re-exports them lazily).
 """

@@ -5,7 +5,9 @@ It follows the launch config's tensor parallelism. Without it, or in ``'1d'`` mo
 logits, the prediction is ``argmax(logits, -1)``. In ``'1d'`` mode the logits may arrive split
 over the tensor group along the class dimension (the output of a column-parallel ``Linear``): the
 ranks then agree on the global argmax from each one's best class (one small all-gather per
-batch; ties go to the lowest class index, as ``torch.argmax`` does on whole logits).
+batch; ties go to the lowest class index, as ``torch.argmax`` does on whole logits). In
+``'2d'``, ``'2.5d'`` and ``'3d'`` mode it is the mode's accuracy (``Accuracy2D`` ...: logits and
+targets in batch blocks, the count summed over the whole batch).
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from kolossos.legacy.nn.layer.modes import mode_layers
+from kolossos.legacy.nn.layer.parallel_2d import Accuracy2D
+from kolossos.legacy.nn.layer.parallel_2p5d import Accuracy2p5D
+from kolossos.legacy.nn.layer.parallel_3d import Accuracy3D
 from kolossos.legacy.tensor_parallel import (
     get_parallel_input,
     get_tensor_parallel_group,
@@ -64,7 +70,6 @@ class Accuracy(nn.Module):
             last ``kolossos.nn.Linear`` built was column-parallel without ``gather_output``.
 
     Raises:
-        NotImplementedError: the launch config's tensor mode is ``'2d'``, ``'2.5d'`` or ``'3d'``.
         ValueError: ``parallel_output=True`` without ``'1d'`` tensor parallelism.
 
     Example:
@@ -76,11 +81,8 @@ class Accuracy(nn.Module):
     def __init__(self, parallel_output: bool | None = None) -> None:
         super().__init__()
         settings = read_tensor_parallel_settings()
-        if settings.mode not in (None, "1d"):
-            raise NotImplementedError(
-                f"Accuracy under tensor parallel mode {settings.mode!r} is not implemented yet; "
-                "use mode='1d', or leave parallel.tensor out of the config."
-            )
+        layers = mode_layers(settings.mode)
+        self._mode_accuracy = None if layers is None else layers.accuracy()
         if parallel_output and settings.mode != "1d":
             raise ValueError(
                 "Accuracy(parallel_output=True) needs parallel.tensor mode='1d' in the launch "
@@ -94,36 +96,10 @@ class Accuracy(nn.Module):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The number of samples whose predicted class is the target. COLLECTIVE over the
-        tensor group when the logits are split."""
+        tensor group when the logits are split, and in 2d/2.5d/3d mode."""
         with torch.no_grad():
+            if self._mode_accuracy is not None:
+                return self._mode_accuracy(logits, targets)
             if self._group is None:
                 return calc_acc(logits, targets)
             return torch.sum(targets == split_argmax(logits, self._group))
-
-
-class _NotImplementedAccuracy(nn.Module):
-    mode = ""
-
-    def __init__(self) -> None:
-        raise NotImplementedError(
-            f"{type(self).__name__} ({self.mode} tensor parallelism) is not implemented yet; use "
-            "Accuracy() with parallel.tensor mode='1d' or without tensor parallelism."
-        )
-
-
-class Accuracy2D(_NotImplementedAccuracy):
-    """Colossal-AI's 2D accuracy (not implemented: raises ``NotImplementedError``)."""
-
-    mode = "2d"
-
-
-class Accuracy2p5D(_NotImplementedAccuracy):
-    """Colossal-AI's 2.5D accuracy (not implemented: raises ``NotImplementedError``)."""
-
-    mode = "2.5d"
-
-
-class Accuracy3D(_NotImplementedAccuracy):
-    """Colossal-AI's 3D accuracy (not implemented: raises ``NotImplementedError``)."""
-
-    mode = "3d"

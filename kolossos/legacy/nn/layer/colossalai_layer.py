@@ -4,9 +4,11 @@
 Each reads ``parallel.tensor`` of the launch config when it is built. Without tensor parallelism
 it is the plain torch layer; in ``'1d'`` mode consecutive ``Linear`` layers alternate column- and
 row-parallel (the output of a column layer stays split and feeds the next, row-parallel, layer),
-and ``Dropout`` after a column layer draws independent masks per rank. Layers are created on
-:func:`kolossos.utils.get_current_device`. ``'2d'``, ``'2.5d'`` and ``'3d'`` raise
-``NotImplementedError``.
+and ``Dropout`` after a column layer draws independent masks per rank. In ``'2d'``, ``'2.5d'``
+and ``'3d'`` mode each is that mode's layer (``Linear2D``, ``Linear2p5D``, ``Linear3D`` ...,
+:mod:`kolossos.legacy.nn.layer`), whose input is this rank's block of the batch (the caller
+splits it, e.g. with ``split_batch_2d``). Layers are created on
+:func:`kolossos.utils.get_current_device`.
 
 Example (``CONFIG = dict(parallel=dict(tensor=dict(size=2, mode='1d')))``, 2 ranks)::
 
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kolossos.legacy.nn.layer.modes import ModeLayers, mode_layers
 from kolossos.legacy.tensor_parallel import (
     TensorParallelSettings,
     get_parallel_input,
@@ -45,17 +48,17 @@ def _device() -> torch.device:
     return get_current_device()
 
 
-def _settings_1d() -> TensorParallelSettings | None:
-    """The settings when 1D tensor parallelism is on, ``None`` without tensor parallelism."""
+def _settings() -> tuple[TensorParallelSettings | None, ModeLayers | None]:
+    """``(settings, None)`` in 1D mode, ``(None, layers)`` in a multi-dimensional mode,
+    ``(None, None)`` without tensor parallelism."""
     settings = read_tensor_parallel_settings()
     if settings.mode is None:
-        return None
-    if settings.mode != "1d":
-        raise NotImplementedError(
-            f"tensor parallel mode {settings.mode!r} is not implemented yet for kolossos.nn "
-            "layers; use mode='1d', or leave parallel.tensor out of the config."
-        )
-    return settings
+        return None, None
+    if settings.mode == "1d":
+        return settings, None
+    layers = mode_layers(settings.mode)
+    assert layers is not None  # TensorParallelSettings checked the mode
+    return None, layers
 
 
 def Linear(
@@ -79,10 +82,21 @@ def Linear(
 
     Returns:
         ``nn.Linear`` without tensor parallelism; in 1D mode a ``Linear1D_Col`` when the input
-        is replicated (and ``gather_output`` is off), else a ``Linear1D_Row`` over the split input.
-        Building one may be COLLECTIVE (the first time the tensor groups are created).
+        is replicated (and ``gather_output`` is off), else a ``Linear1D_Row`` over the split input;
+        ``Linear2D`` / ``Linear2p5D`` / ``Linear3D`` in the other modes.
+
+    Raises:
+        ValueError: ``gather_output`` outside 1D mode, or ``skip_bias_add`` without tensor
+            parallelism.
     """
-    settings = _settings_1d()
+    settings, layers = _settings()
+    if layers is not None:
+        if gather_output:
+            raise ValueError(
+                "gather_output applies to 1D tensor parallelism only; in 2d/2.5d/3d mode every "
+                "Linear takes and returns blocks of the batch: drop gather_output."
+            )
+        return layers.linear(in_features, out_features, bias, dtype, skip_bias_add)
     if settings is None:
         if gather_output or skip_bias_add:
             raise ValueError(
@@ -112,8 +126,11 @@ def Linear(
 def Dropout(p: float = 0.5, inplace: bool = False) -> nn.Module:
     """Dropout following the launch config: ``nn.Dropout`` without tensor parallelism; in 1D
     mode a ``Dropout1D`` with independent masks per rank when it follows a column-parallel layer
-    (split activations) and identical masks otherwise."""
-    settings = _settings_1d()
+    (split activations) and identical masks otherwise; the mode's dropout (independent masks,
+    drawn from the TENSOR seed) in 2d/2.5d/3d mode."""
+    settings, layers = _settings()
+    if layers is not None:
+        return layers.dropout(p, inplace)
     if settings is None:
         return nn.Dropout(p, inplace)
     group = get_tensor_parallel_group(settings)
@@ -129,8 +146,13 @@ def Embedding(
 ) -> nn.Module:
     """An embedding following the launch config: ``nn.Embedding`` without tensor parallelism;
     in 1D mode split over the embedding dimension (``Embedding1D``) for vocabularies up to
-    ``vocab_parallel_limit`` rows, over the vocabulary (``VocabParallelEmbedding1D``) above."""
-    settings = _settings_1d()
+    ``vocab_parallel_limit`` rows, over the vocabulary (``VocabParallelEmbedding1D``) above; in
+    2d/2.5d/3d mode the mode's ``Embedding`` / ``VocabParallelEmbedding`` by the same rule."""
+    settings, layers = _settings()
+    if layers is not None:
+        vocab = num_embeddings > vocab_parallel_limit
+        make = layers.vocab_embedding if vocab else layers.embedding
+        return make(num_embeddings, embedding_dim, padding_idx, dtype)
     if settings is None:
         return nn.Embedding(
             num_embeddings, embedding_dim, padding_idx, device=_device(), dtype=dtype
@@ -160,22 +182,28 @@ def LayerNorm(
     normalized_shape: int, eps: float = 1e-05, bias: bool = True, dtype: torch.dtype | None = None
 ) -> nn.Module:
     """Layer normalisation: in 1D mode the activations it sees are replicated, so this is
-    ``nn.LayerNorm`` in every mode implemented (the config is still checked)."""
-    _settings_1d()
+    ``nn.LayerNorm`` there and without tensor parallelism; the mode's ``LayerNorm`` (over hidden
+    blocks) in 2d/2.5d/3d mode."""
+    _, layers = _settings()
+    if layers is not None:
+        return layers.layer_norm(normalized_shape, eps, bias, dtype)
     return nn.LayerNorm(normalized_shape, eps, bias=bias, device=_device(), dtype=dtype)
 
 
 def CrossEntropyLoss(reduction: bool = True, **kwargs: Any) -> nn.Module:
     """The loss following the launch config: the legacy layers never split the class
     dimension in 1D mode (logits reach the loss whole), so this is ``nn.CrossEntropyLoss`` without
-    tensor parallelism and in 1D mode.
+    tensor parallelism and in 1D mode; the mode's ``CrossEntropyLoss`` (logits and targets in
+    batch blocks, the mean over the whole batch) in 2d/2.5d/3d mode.
 
     Args:
         reduction: ``True``: the mean over the batch; ``False``: one loss per sample.
         kwargs: further ``nn.CrossEntropyLoss`` arguments (``label_smoothing``, ``ignore_index``,
             ``weight``).
     """
-    _settings_1d()
+    _, layers = _settings()
     if "reduction" in kwargs:
         raise TypeError("pass reduction=True/False (mean or per sample), not a string.")
+    if layers is not None:
+        return layers.cross_entropy(reduction, **kwargs)
     return nn.CrossEntropyLoss(reduction="mean" if reduction else "none", **kwargs)
