@@ -147,7 +147,7 @@ def validate_config(config: ConfigLike) -> dict[str, Any] | Path:
         if not path.is_file():
             raise FileNotFoundError(
                 f"config file {str(path)!r} does not exist; pass an existing file (e.g. "
-                "'./config.py') or a dict such as config={{}}."
+                "'./config.py') or a dict such as config={}."
             )
         return path.resolve()
     raise TypeError(

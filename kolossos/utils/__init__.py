@@ -1,7 +1,7 @@
 """Utilities the documented scripts import: devices, seeding, rank-0 printing, timers,
 checkpoints, ``conditional_context``, and the legacy data loader.
 
-``save_checkpoint`` / ``load_checkpoint`` live in :mod:`kolossos.checkpoint_io.legacy_checkpoint`,
+``save_checkpoint`` / ``load_checkpoint`` live in :mod:`kolossos.legacy.utils.checkpoint`,
 ``get_dataloader``, ``DataParallelSampler`` and ``is_using_pp`` / ``is_using_ddp`` /
 ``is_using_sequence`` in :mod:`kolossos.legacy.utils` (they read the global context); all are
 resolved lazily here, so importing a utility (e.g. :mod:`kolossos.utils.seed`) loads neither
@@ -20,7 +20,6 @@ from kolossos.utils.seed import set_seed
 from kolossos.utils.timer import MultiTimer, Timer
 
 if TYPE_CHECKING:
-    from kolossos.checkpoint_io.legacy_checkpoint import load_checkpoint, save_checkpoint
     from kolossos.legacy.utils import (
         DataParallelSampler,
         get_dataloader,
@@ -28,8 +27,9 @@ if TYPE_CHECKING:
         is_using_pp,
         is_using_sequence,
     )
+    from kolossos.legacy.utils.checkpoint import load_checkpoint, save_checkpoint
 
-_CHECKPOINT = "kolossos.checkpoint_io.legacy_checkpoint"
+_CHECKPOINT = "kolossos.legacy.utils.checkpoint"
 _LEGACY_UTILS = "kolossos.legacy.utils"
 _LAZY = {
     "load_checkpoint": (_CHECKPOINT, "load_checkpoint"),

@@ -475,7 +475,7 @@ def test_resume_matches_uninterrupted_training(io, tmp_path) -> None:
 
 # --------------------------------------------------------------------------- legacy pair
 def test_legacy_save_and_load_checkpoint(tmp_path) -> None:
-    from kolossos.checkpoint_io.legacy_checkpoint import load_checkpoint, save_checkpoint
+    from kolossos.legacy.utils.checkpoint import load_checkpoint, save_checkpoint
 
     model, opt = _trained(0)
     sched = torch.optim.lr_scheduler.StepLR(opt, 2)

@@ -35,7 +35,8 @@ RESERVED_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
 
 
 def _type_names(types_: tuple[type, ...]) -> str:
-    return " or ".join("dict" if t is Mapping else t.__name__ for t in types_)
+    names = " or ".join("dict" if t is Mapping else t.__name__ for t in types_)
+    return ("an " if names[0] in "aeiou" else "a ") + names
 
 
 def check_config_keys(config: Mapping[str, Any]) -> list[str]:
@@ -48,13 +49,13 @@ def check_config_keys(config: Mapping[str, Any]) -> list[str]:
         TypeError: a reserved key holds a value of the wrong type.
         ValueError: ``gradient_accumulation`` < 1 or ``clip_grad_norm`` < 0.
     """
-    unknown = []
-    for key, value in config.items():
+    for key in config:
         if not isinstance(key, str):
             raise TypeError(f"config key {key!r} must be a string.")
-        if key in RESERVED_KEYS:
-            _check_reserved(key, value)
-        elif not key.isupper() and not key.startswith("_"):
+    check_reserved_keys(config)
+    unknown = []
+    for key in config:
+        if key not in RESERVED_KEYS and not key.isupper() and not key.startswith("_"):
             unknown.append(key)
             known = ", ".join(sorted(RESERVED_KEYS))
             warnings.warn(
@@ -67,12 +68,23 @@ def check_config_keys(config: Mapping[str, Any]) -> list[str]:
     return unknown
 
 
+def check_reserved_keys(config: Mapping[str, Any]) -> None:
+    """Check the types of the reserved keys only (no warnings about other keys).
+
+    Raises:
+        TypeError / ValueError: as :func:`check_config_keys`.
+    """
+    for key, value in config.items():
+        if key in RESERVED_KEYS:
+            _check_reserved(key, value)
+
+
 def _check_reserved(key: str, value: Any) -> None:
     types_, meaning = RESERVED_KEYS[key]
     if value is None and key in ("fp16", "zero", "amp", "clip_grad_norm"):
         return  # explicitly switched off
     if (isinstance(value, bool) and bool not in types_) or not isinstance(value, types_):
-        raise TypeError(f"config key {key}={value!r} must be a {_type_names(types_)} ({meaning}).")
+        raise TypeError(f"config key {key}={value!r} must be {_type_names(types_)} ({meaning}).")
     number: Any = value
     if key == "gradient_accumulation" and number < 1:
         raise ValueError(f"config key gradient_accumulation={value} must be >= 1.")

@@ -11,6 +11,7 @@ from kolossos.booster.mixed_precision import MixedPrecision
 from kolossos.ddp import TorchDDPConfig
 from kolossos.legacy.amp.amp_type import AMP_TYPE, parse_amp_mode
 from kolossos.legacy.amp.convert import build_amp_recipe
+from kolossos.legacy.context.reserved_keys import check_reserved_keys
 from kolossos.legacy.engine.errors import EngineConfigError
 from kolossos.legacy.engine.gradient_handler import BaseGradientHandler
 from kolossos.legacy.engine.zero import ZeroSettings
@@ -125,6 +126,7 @@ class EngineConfig:
             ZeroConfigError: a bad ``zero`` key.
             NotImplementedError: the older ``amp`` key.
         """
+        check_reserved_keys(config)  # types first: a mapping that did not come through launch
         zero, fp16 = config.get("zero"), config.get("fp16")
         if zero is not None and fp16 is not None and fp16.get("mode") is not None:
             raise EngineConfigError(

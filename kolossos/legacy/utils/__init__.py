@@ -11,7 +11,7 @@ Example:
     False
 """
 
-from kolossos.checkpoint_io.legacy_checkpoint import load_checkpoint, save_checkpoint
+from kolossos.legacy.utils.checkpoint import load_checkpoint, save_checkpoint
 from kolossos.legacy.utils.data_sampler import DataParallelSampler, get_dataloader
 from kolossos.legacy.utils.parallel_state import (
     is_dp_rank_0,

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch.nn as nn
 
-from kolossos.checkpoint_io.legacy_checkpoint import save_checkpoint
 from kolossos.legacy.registry import HOOKS
 from kolossos.legacy.trainer.hooks.base_hook import BaseHook
 from kolossos.legacy.trainer.hooks.lr_scheduler_hook import LRSchedulerHook
+from kolossos.legacy.utils.checkpoint import save_checkpoint
 from kolossos.logging import get_dist_logger
 
 if TYPE_CHECKING:

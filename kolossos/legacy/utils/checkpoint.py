@@ -5,6 +5,13 @@ One file holds the epoch, the model state, optionally the optimizer (in the name
 saved, so the model must be built before loading; the file loads under any number of processes or
 parallel layout. Writes are atomic; rank 0 writes and every rank waits for it; every rank loads.
 
+Tensor-parallel parameters (the legacy ``kolossos.nn`` layers under
+``parallel=dict(tensor=dict(size=N, mode='1d'))``, whose parameters carry a
+:class:`~kolossos.nn.layer.parallel_1d.sharding.TPShardSpec`) are saved full: every rank takes
+part in gathering each shard (and each optimizer state shaped like it), and rank 0 writes the
+full tensors. Loading cuts each rank's shard back out of them, without communication, so a file
+saved at tensor size 2 loads in one process, at data-parallel size 2, or at another tensor size.
+
 Example:
     >>> save_checkpoint("ckpt.pt", epoch, model, optimizer, lr_scheduler, best_acc=0.93)
     >>> start_epoch = load_checkpoint("ckpt.pt", model, optimizer, lr_scheduler) + 1
@@ -13,24 +20,114 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from kolossos.checkpoint_io._common import check_save_args, drain
 from kolossos.checkpoint_io.backends import read_object_file, write_object_file
 from kolossos.checkpoint_io.errors import CheckpointError
-from kolossos.checkpoint_io.general_checkpoint_io import GeneralCheckpointIO
+from kolossos.checkpoint_io.general_checkpoint_io import GeneralCheckpointIO, _full
 from kolossos.checkpoint_io.optim_format import build_header, check_header, match_optimizer
 from kolossos.checkpoint_io.optimizer_io import clone_tree
 from kolossos.checkpoint_io.param_names import optimizer_param_names, unwrap_optimizer
-from kolossos.checkpoint_io.state_check import compare_model_state, finish_report, unique_tensors
+from kolossos.checkpoint_io.state_check import (
+    ModelLayout,
+    compare_model_state,
+    finish_report,
+    unique_tensors,
+)
+from kolossos.interface import unwrap_model
+from kolossos.nn.layer.parallel_1d.sharding import gather_tp_full, get_tp_spec, slice_tp_shard
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
 LEGACY_FORMAT = "kolossos.checkpoint"
 LEGACY_VERSION = 1
 _RESERVED = ("format", "version", "epoch", "model", "optimizer", "lr_scheduler")
+
+
+def _full_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    spec = get_tp_spec(tensor)
+    return spec.full_shape if spec is not None else tuple(tensor.shape)
+
+
+def _is_shard_state(key: str, value: Any, param: torch.Tensor) -> bool:
+    """Whether an optimizer state value is laid out like its (sharded) parameter."""
+    return key != "step" and isinstance(value, torch.Tensor) and value.shape == param.shape
+
+
+class _LegacyCheckpointIO(GeneralCheckpointIO):
+    """:class:`GeneralCheckpointIO` that also saves tensor-parallel shards full and cuts them
+    back out when loading (see the module docstring)."""
+
+    def model_state_items(
+        self, model: nn.Module, gather_dtensor: bool
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors in state-dict order: a collective of each tensor-parallel group when the
+        model has sharded parameters (every rank must exhaust the iterator); rank 0 receives."""
+        state = unwrap_model(model).state_dict(keep_vars=True)
+        if not any(get_tp_spec(v) is not None for v in state.values()):
+            yield from super().model_state_items(model, gather_dtensor)
+            return
+        for name, value in state.items():
+            spec = get_tp_spec(value)
+            # SYNC POINT: every rank gathers every sharded tensor, in state-dict order
+            full = gather_tp_full(value.detach(), spec) if spec else _full(value, gather_dtensor)
+            if self.is_writer():
+                yield name, full.detach()
+
+    def model_layout(self, model: nn.Module) -> ModelLayout:
+        """Names and full shapes of the model's state dict."""
+        state = unwrap_model(model).state_dict(keep_vars=True)
+        local = ModelLayout.of_state_dict(state)
+        return ModelLayout({n: _full_shape(t) for n, t in state.items()}, local.aliases)
+
+    def place(self, value: Any, target: Any) -> Any:
+        """This rank's shard of a full tensor when ``target`` is a tensor-parallel shard (no
+        communication); otherwise as :class:`GeneralCheckpointIO`."""
+        spec = get_tp_spec(target) if isinstance(target, torch.Tensor) else None
+        if spec is None or not isinstance(value, torch.Tensor) or value.shape != spec.full_shape:
+            return super().place(value, target)
+        return slice_tp_shard(value, spec, dist.get_rank(spec.group))
+
+    def optimizer_param_shapes(
+        self, optimizer: Any, names: list[list[str]]
+    ) -> dict[str, tuple[int, ...]]:
+        """Each parameter's full shape."""
+        optim = unwrap_optimizer(optimizer)
+        return {
+            name: _full_shape(p)
+            for group, group_names in zip(optim.param_groups, names, strict=True)
+            for p, name in zip(group["params"], group_names, strict=True)
+        }
+
+    def optimizer_state_items(
+        self, optimizer: Any, names: list[list[str]], gather_dtensor: bool
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Each parameter's states, those of sharded parameters gathered to full size (a
+        collective of each tensor-parallel group; every rank must exhaust the iterator)."""
+        optim = unwrap_optimizer(optimizer)
+        params = [p for group in optim.param_groups for p in group["params"]]
+        if not any(get_tp_spec(p) is not None for p in params):
+            yield from super().optimizer_state_items(optimizer, names, gather_dtensor)
+            return
+        for group, group_names in zip(optim.param_groups, names, strict=True):
+            for param, name in zip(group["params"], group_names, strict=True):
+                spec = get_tp_spec(param)
+                state = optim.state.get(param)
+                if not state:
+                    continue  # no state on any rank: states exist once a step ran everywhere
+                full = {
+                    # SYNC POINT: every rank of the tensor group gathers the same states in order
+                    k: gather_tp_full(v, spec) if spec and _is_shard_state(k, v, param) else v
+                    for k, v in state.items()
+                }
+                if self.is_writer():
+                    yield name, full
 
 
 def save_checkpoint(
@@ -61,7 +158,7 @@ def save_checkpoint(
     clash = [k for k in kwargs if k in _RESERVED]
     if clash:
         raise ValueError(f"save_checkpoint keywords {clash} are reserved entry names; rename them.")
-    io = GeneralCheckpointIO()
+    io = _LegacyCheckpointIO()
     names = optimizer_param_names(optimizer, model) if optimizer is not None else []
     header = None
     if optimizer is not None:
@@ -132,7 +229,7 @@ def load_checkpoint(
         >>> epoch = load_checkpoint("xxx.pt", model)
     """
     body = _read(file)
-    io = GeneralCheckpointIO()
+    io = _LegacyCheckpointIO()
     model_state = body["model"]
     found = {n: (tuple(t.shape), str(t.dtype)) for n, t in model_state.items()}
     report, wanted = compare_model_state(io.model_layout(model), found)

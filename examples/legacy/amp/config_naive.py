@@ -1,0 +1,28 @@
+"""AMP example config, ``AMP_TYPE.NAIVE``: an fp16 model with fp32 master weights (apex O2).
+
+The tutorial's values are ``BATCH_SIZE = 128``, ``NUM_EPOCHS = 300`` and ViT-B/16 at 224x224; the
+sizes here are small so that a run on CPUs takes seconds. ``IMG_SIZE`` to ``NUM_CLASSES`` are not in
+the tutorial (it uses timm's ``vit_base_patch16_224``).
+"""
+
+from kolossos.amp import AMP_TYPE
+
+BATCH_SIZE = 16  # per rank (tutorial: 128)
+DROP_RATE = 0.1
+NUM_EPOCHS = 3  # tutorial: 300
+
+IMG_SIZE = 32  # ViT-B/16: 224
+PATCH_SIZE = 8  # 16
+HIDDEN_SIZE = 64  # 768
+DEPTH = 2  # 12
+NUM_HEADS = 4  # 12
+NUM_CLASSES = 101  # Caltech101
+
+fp16 = dict(
+    mode=AMP_TYPE.NAIVE,
+    # the default initial_scale=2**32 overflows on the first steps, and each overflow skips a
+    # step and halves the scale after two (hysteresis=2): start lower so this short run trains
+    initial_scale=2**10,
+)
+
+clip_grad_norm = 1.0
