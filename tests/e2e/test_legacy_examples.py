@@ -27,13 +27,13 @@ TIMEOUT_S = 900  # only detects a hang (a run takes ~5-10 s): tests never gate o
 FLOAT = r"[-+]?\d+\.\d+(?:e[-+]?\d+)?"
 
 
-def run_legacy_example(name: str, config: str, tmp_path: Path) -> str:
-    """Run ``examples/legacy/<name>/train.py --config <config>`` on 2 local processes; return its
-    output (stdout and stderr) after checking the exit code."""
+def run_legacy_example(name: str, config: str, tmp_path: Path, nproc: int = 2) -> str:
+    """Run ``examples/legacy/<name>/train.py --config <config>`` on ``nproc`` local processes;
+    return its output (stdout and stderr) after checking the exit code."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DATA=str(tmp_path / "data"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     folder = EXAMPLES / name
-    argv = [sys.executable, "-m", "kolossos.cli.main", "run", "--nproc_per_node", "2"]
+    argv = [sys.executable, "-m", "kolossos.cli.main", "run", "--nproc_per_node", str(nproc)]
     argv += ["--master_port", str(free_port()), str(folder / "train.py")]
     argv += ["--config", str(folder / config)]
     done = subprocess.run(
@@ -110,6 +110,20 @@ def test_quick_preview_example(tmp_path: Path) -> None:
         assert (
             f"rank {rank} parameter shapes: {{'linear_1.weight': (128, 64), 'linear_1.bias': "
             "(128,), 'linear_2.weight': (64, 128), 'linear_2.bias': (64,)}"
+        ) in out
+    losses = epoch_losses(out)
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses), out
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_quick_preview_example_2d(tmp_path: Path) -> None:
+    """The README's ``MLP_2D`` of ``Linear2D`` on 4 processes: each rank holds one (in/2, out/2)
+    block of each weight; the loss (the ranks' shares summed) falls as in the 1D run."""
+    out = run_legacy_example("quick_preview", "config_2d.py", tmp_path, nproc=4)
+    for rank in range(4):
+        assert (
+            f"rank {rank} parameter shapes: {{'linear_1.weight': (32, 128), 'linear_1.bias': "
+            "(64,), 'linear_2.weight': (128, 32), 'linear_2.bias': (16,)}"
         ) in out
     losses = epoch_losses(out)
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses), out

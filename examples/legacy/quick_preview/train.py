@@ -3,14 +3,17 @@
 ``kolossos.launch`` with explicit ``rank``, ``world_size``, ``backend``, ``port`` and ``host``;
 ``get_dataloader`` (which adds the data-parallel sampler); ``kolossos.initialize``; and the engine
 loop ``zero_grad / engine(data) / engine.criterion / backward / step``. The model is the README's
-two-layer MLP with tensor-parallel layers, here ``kolossos.nn.Linear`` under
-``parallel = dict(tensor=dict(size=2, mode='1d'))``: the first layer is column-parallel, the second
-row-parallel, so each of the 2 ranks holds half of each weight. The README's ``MLP_2D`` uses
-``Linear2D`` (2D tensor parallelism, 4 processes), which kolossos does not provide yet.
+two-layer MLP with tensor-parallel layers: with ``config_2d.py``
+(``parallel = dict(tensor=dict(size=4, mode='2d'))``, 4 processes) the README's ``MLP_2D`` of
+``Linear2D`` layers, each rank holding one (in/2, out/2) block of each weight and one block of
+the batch; with ``config.py`` (``mode='1d'``, 2 processes) ``kolossos.nn.Linear``, column- then
+row-parallel, each rank holding half of each weight.
 
 Run (any launcher that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``, or
 pass ``--rank``, ``--world_size``, ``--host`` and ``--port``)::
 
+    kolossos run --nproc_per_node 4 examples/legacy/quick_preview/train.py \\
+        --config examples/legacy/quick_preview/config_2d.py
     kolossos run --nproc_per_node 2 examples/legacy/quick_preview/train.py \\
         --config examples/legacy/quick_preview/config.py
 
@@ -18,8 +21,10 @@ Changes from the README: imports from ``kolossos``; ``rank``, ``world_size``, ``
 ``host`` (undefined in the README) come from the arguments or the launcher's environment;
 ``backend`` is ``--backend`` or, by default, nccl with CUDA and gloo without (the README writes
 ``'nccl'``); the dataset is a synthetic regression task (the targets are a fixed random linear map
-of the inputs) with ``MSELoss``; rank 0 logs the weight shapes and each epoch's mean loss; the
-exit code is 1 if a loss was not finite or the loss did not fall.
+of the inputs) with the mean squared error (in 2D each rank holds a block of the outputs, so its
+loss is its blocks' squared error over the whole batch's element count, which makes the sum of
+the ranks' losses the global mean and its gradients exact); rank 0 logs the weight shapes and
+each epoch's mean loss; the exit code is 1 if a loss was not finite or the loss did not fall.
 """
 
 from __future__ import annotations
@@ -36,11 +41,27 @@ from torch.utils.data import TensorDataset
 
 import kolossos
 import kolossos.nn as col_nn
+from kolossos.context import ParallelMode
 from kolossos.core import global_context as gpc
 from kolossos.logging import get_dist_logger
+from kolossos.nn import Linear2D
 from kolossos.utils import get_current_device, get_dataloader
 
 HERE = Path(__file__).resolve().parent
+
+
+class MLP_2D(nn.Module):
+    """The README's model: two ``Linear2D`` layers (2D tensor parallelism)."""
+
+    def __init__(self, in_features: int, hidden_features: int) -> None:
+        super().__init__()
+        self.linear_1 = Linear2D(in_features=in_features, out_features=hidden_features)
+        self.linear_2 = Linear2D(in_features=hidden_features, out_features=in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.linear_1(x)
+        x = self.linear_2(x)
+        return x
 
 
 class MLP_1D(nn.Module):
@@ -55,6 +76,25 @@ class MLP_1D(nn.Module):
         x = self.linear_1(x)
         x = self.linear_2(x)
         return x
+
+
+def block_2d(x: torch.Tensor) -> torch.Tensor:
+    """This rank's block of ``x``, as the 2D page partitions its input: rows by the rank in the
+    2D column group, features by the rank in the 2D row group."""
+    q = gpc.get_world_size(ParallelMode.PARALLEL_2D_COL)
+    x = torch.chunk(x, q, dim=0)[gpc.get_local_rank(ParallelMode.PARALLEL_2D_COL)]
+    return torch.chunk(x, q, dim=-1)[gpc.get_local_rank(ParallelMode.PARALLEL_2D_ROW)]
+
+
+class BlockMSE(nn.Module):
+    """Squared error of this rank's output block over the element count of all ``blocks``."""
+
+    def __init__(self, blocks: int) -> None:
+        super().__init__()
+        self.blocks = blocks
+
+    def forward(self, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        return ((output - label) ** 2).sum() / (output.numel() * self.blocks)
 
 
 def synthetic_dataset(samples: int, features: int) -> TensorDataset:
@@ -91,7 +131,8 @@ def main() -> int:
     cfg = gpc.config
 
     # build the model
-    model = MLP_1D(cfg.IN_FEATURES, cfg.HIDDEN_FEATURES)
+    two_d = cfg.parallel.tensor.mode == "2d"
+    model = (MLP_2D if two_d else MLP_1D)(cfg.IN_FEATURES, cfg.HIDDEN_FEATURES)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     logger.info(f"rank {rank} parameter shapes: {shapes}")
 
@@ -101,7 +142,9 @@ def main() -> int:
 
     # build the optimizer and the loss function
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    criterion = nn.MSELoss()
+    criterion: nn.Module = nn.MSELoss()
+    if two_d:  # this rank's blocks' share of the mean over the whole batch
+        criterion = BlockMSE(gpc.get_world_size(ParallelMode.TENSOR))
 
     # initialize kolossos
     engine, train_dataloader, _, _ = kolossos.initialize(
@@ -115,11 +158,16 @@ def main() -> int:
         losses = []
         for data, label in train_dataloader:
             data, label = data.to(get_current_device()), label.to(get_current_device())
+            if two_d:  # each rank takes its block of the batch (rows) and of the features
+                data, label = block_2d(data), block_2d(label)
             engine.zero_grad()
             output = engine(data)
             loss = engine.criterion(output, label)
             engine.backward(loss)
             engine.step()
+            if two_d:  # the ranks' shares add up to the mean over the whole batch
+                loss = loss.detach().clone()
+                dist.all_reduce(loss, group=gpc.get_group(ParallelMode.TENSOR))
             losses.append(loss.item())
         epoch_losses.append(sum(losses) / len(losses))
         logger.info(f"epoch {epoch}: mean loss {epoch_losses[-1]:.6f}", ranks=[0])
