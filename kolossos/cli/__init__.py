@@ -1,1 +1,1 @@
-"""The ``kolossos`` command line: ``run``, ``check`` (and later ``train``, ``benchmark``)."""
+"""The ``kolossos`` command line: ``run``, ``check``, ``train``, ``plan`` and ``benchmark``."""

@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kolossos.cli.plan",
         "choose a plugin and layout that fits a model in a memory budget",
     ),
+    "benchmark": (
+        "kolossos.cli.benchmark",
+        "time an MLP under every tensor-parallel layout N processes allow",
+    ),
 }
 
 USAGE = """usage: kolossos [-h] [--version] <command> [<args>]
