@@ -1,11 +1,11 @@
 """The 2D tensor-parallelism tutorial (CHECKLIST §10 / §20.11, F0:6323-6494) as a test on 4 gloo
 ranks.
 
-The rank function is the tutorial's code with ``colossalai`` replaced by ``kolossos`` and its
-``col_nn.Linear`` / ``col_nn.Dropout`` written as the 2D classes they build in ``'2d'`` mode
-(``Linear2D``, ``Dropout2D`` of :mod:`kolossos.legacy.nn.layer.parallel_2d`); the lines marked
-``# doc`` are the tutorial's. The checks after it are what the docs promise — the printed
-shapes — plus numeric equivalence with the dense MLP the blocks come from.
+The rank function is the tutorial's code with ``colossalai`` replaced by ``kolossos``; its
+``col_nn.Linear`` / ``col_nn.Dropout`` build ``Linear2D`` / ``Dropout2D`` in ``'2d'`` mode
+(:mod:`kolossos.legacy.nn.layer.parallel_2d`). The lines marked ``# doc`` are the tutorial's.
+The checks after it are what the docs promise — the printed shapes — plus numeric equivalence
+with the dense MLP the blocks come from.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 import kolossos
+import kolossos.nn as col_nn
 from kolossos.legacy.context import ParallelMode
 from kolossos.legacy.core import global_context as gpc
 from kolossos.legacy.nn.layer.parallel_2d import Dropout2D, Linear2D, get_groups_2d
@@ -42,12 +43,12 @@ class MLP(torch.nn.Module):  # doc
     def __init__(self, dim: int = 256) -> None:  # doc
         super().__init__()  # doc
         intermediate_dim = dim * 4  # doc
-        self.dense_1 = Linear2D(dim, intermediate_dim)  # doc: col_nn.Linear
+        self.dense_1 = col_nn.Linear(dim, intermediate_dim)  # doc
         print_rank_0(f"Weight of the first linear layer: {self.dense_1.weight.shape}")  # doc
         self.activation = torch.nn.GELU()  # doc
-        self.dense_2 = Linear2D(intermediate_dim, dim)  # doc: col_nn.Linear
+        self.dense_2 = col_nn.Linear(intermediate_dim, dim)  # doc
         print_rank_0(f"Weight of the second linear layer: {self.dense_2.weight.shape}")  # doc
-        self.dropout = Dropout2D(0.1)  # doc: col_nn.Dropout
+        self.dropout = col_nn.Dropout(0.1)  # doc
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # doc
         x = self.dense_1(x)  # doc
@@ -76,6 +77,8 @@ def _tutorial(rank: int, world_size: int, port: int) -> list[str]:
             config=CONFIG, rank=rank, world_size=world_size, host="localhost", port=port
         )  # doc
         m = MLP()  # doc
+        assert isinstance(m.dense_1, Linear2D) and isinstance(m.dense_2, Linear2D)
+        assert isinstance(m.dropout, Dropout2D)  # col_nn follows parallel.tensor.mode
         x = torch.randn((16, 256), device=get_current_device())  # doc
         # partition input  # doc
         torch.distributed.broadcast(x, src=0)  # doc

@@ -1,8 +1,8 @@
 """The 2.5D tensor-parallelism tutorial (CHECKLIST §10, F0:6515-6686) as a test on 8 gloo ranks.
 
-The rank function is the tutorial's code rewritten by import only: ``colossalai`` →
-``kolossos``, and ``col_nn.Linear`` / ``col_nn.Dropout`` → the explicit 2.5D layers
-``Linear2p5D`` / ``Dropout2p5D`` (what ``col_nn`` builds in ``mode='2.5d'``). The lines marked
+The rank function is the tutorial's code with ``colossalai`` replaced by ``kolossos``; its
+``col_nn.Linear`` / ``col_nn.Dropout`` build ``Linear2p5D`` / ``Dropout2p5D`` in
+``mode='2.5d'``. The lines marked
 ``# doc`` are the tutorial's. The checks after it are the printed shapes the docs promise, the
 input partition (chunk by DEP, COL, then ROW) being :func:`split_tensor_2p5d`, and numeric
 equivalence with the dense MLP gathered from the shards.
@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import kolossos
+import kolossos.nn as col_nn
 from kolossos.legacy.context import ParallelMode
 from kolossos.legacy.core import global_context as gpc
 from kolossos.legacy.nn.layer.parallel_2p5d import (
@@ -46,12 +47,12 @@ class MLP(torch.nn.Module):  # doc
     def __init__(self, dim: int = 256) -> None:  # doc
         super().__init__()  # doc
         intermediate_dim = dim * 4  # doc
-        self.dense_1 = Linear2p5D(dim, intermediate_dim)  # doc: col_nn.Linear
+        self.dense_1 = col_nn.Linear(dim, intermediate_dim)  # doc
         print_rank_0(f"Weight of the first linear layer: {self.dense_1.weight.shape}")  # doc
         self.activation = torch.nn.GELU()  # doc
-        self.dense_2 = Linear2p5D(intermediate_dim, dim)  # doc: col_nn.Linear
+        self.dense_2 = col_nn.Linear(intermediate_dim, dim)  # doc
         print_rank_0(f"Weight of the second linear layer: {self.dense_2.weight.shape}")  # doc
-        self.dropout = Dropout2p5D(0.1)  # doc: col_nn.Dropout
+        self.dropout = col_nn.Dropout(0.1)  # doc
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # doc
         x = self.dense_1(x)  # doc
@@ -80,6 +81,8 @@ def _tutorial(rank: int, world_size: int, port: int) -> list[str]:
             config=CONFIG, rank=rank, world_size=world_size, host="localhost", port=port
         )  # doc
         m = MLP()  # doc
+        assert isinstance(m.dense_1, Linear2p5D) and isinstance(m.dense_2, Linear2p5D)
+        assert isinstance(m.dropout, Dropout2p5D)  # col_nn follows parallel.tensor.mode
         x = torch.randn((16, 256), device=get_current_device())  # doc
         # partition input  # doc
         torch.distributed.broadcast(x, src=0)  # doc

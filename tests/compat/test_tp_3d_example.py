@@ -1,8 +1,8 @@
 """The 3D tensor-parallelism tutorial (CHECKLIST §10, F0:6706-6904) as a test on 8 gloo ranks.
 
-The rank function is the tutorial's code rewritten by import (``colossalai`` → ``kolossos``),
-with the facade's ``Linear3D`` / ``Dropout3D`` standing for ``col_nn.Linear`` / ``col_nn.Dropout``
-(what they dispatch to in mode ``'3d'``); the lines marked ``# doc`` are the tutorial's. The
+The rank function is the tutorial's code with ``colossalai`` replaced by ``kolossos``; its
+``col_nn.Linear`` / ``col_nn.Dropout`` build ``Linear3D`` / ``Dropout3D`` in mode ``'3d'``. The
+lines marked ``# doc`` are the tutorial's. The
 checks after it are the printed shapes the docs promise, and numeric equivalence with the dense
 MLP the shards come from (eval mode, so no dropout).
 """
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kolossos
+import kolossos.nn as col_nn
 from kolossos.legacy.context import ParallelMode
 from kolossos.legacy.core import global_context as gpc
 from kolossos.legacy.nn.layer.parallel_3d import (
@@ -50,12 +51,12 @@ class MLP(torch.nn.Module):  # doc
     def __init__(self, dim: int = 256) -> None:  # doc
         super().__init__()  # doc
         intermediate_dim = dim * 4  # doc
-        self.dense_1 = Linear3D(dim, intermediate_dim)  # doc: col_nn.Linear
+        self.dense_1 = col_nn.Linear(dim, intermediate_dim)  # doc
         print_rank_0(f"Weight of the first linear layer: {self.dense_1.weight.shape}")  # doc
         self.activation = torch.nn.GELU()  # doc
-        self.dense_2 = Linear3D(intermediate_dim, dim)  # doc: col_nn.Linear
+        self.dense_2 = col_nn.Linear(intermediate_dim, dim)  # doc
         print_rank_0(f"Weight of the second linear layer: {self.dense_2.weight.shape}")  # doc
-        self.dropout = Dropout3D(0.1)  # doc: col_nn.Dropout
+        self.dropout = col_nn.Dropout(0.1)  # doc
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # doc
         x = self.dense_1(x)  # doc
@@ -123,6 +124,8 @@ def _tutorial(rank: int, world_size: int, port: int) -> tuple[list[str], str]:
         )  # doc
         groups_at_start = get_groups_3d()
         m = MLP()  # doc
+        assert isinstance(m.dense_1, Linear3D) and isinstance(m.dense_2, Linear3D)
+        assert isinstance(m.dropout, Dropout3D)  # col_nn follows parallel.tensor.mode
         x = torch.randn((16, 256), device=get_current_device())  # doc
         # partition input
         torch.distributed.broadcast(x, src=0)  # doc
