@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "models": 1,
     "nn": 1,
     "pipeline": 1,
+    "sequence": 1,  # ring self-attention, Ulysses all-to-all, ring attention
     "shardformer": 1,
     "lazy": 1,
     # 2 - the engines (each owns its config and checkpoint IO)

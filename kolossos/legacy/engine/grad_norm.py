@@ -5,11 +5,12 @@ Each rank holds a tensor-parallel shard of some parameters and the layers of one
 stage, so the norm of the whole model sums the shards' ``|g|^p`` over ``ParallelMode.TENSOR``
 and the stages' totals over ``ParallelMode.PIPELINE``; a parameter shared between stages
 (``PipelineSharedModuleWrapper``) is counted once. The layers of every tensor mode mark their
-shards: 1D and 2D shards hold each element on one rank of the tensor group; 2.5D and 3D shards
-are held by ``replicas`` ranks, so their ``|g|^p`` enters weighted by ``1 / replicas``
-(``norm_share_*``). Unmarked parameters are replicated over the tensor group and counted as one
-copy. The data-parallel replicas hold the same (already reduced) gradients and take
-no part.
+shards, read here through one contract
+(:func:`~kolossos.nn.layer.shard_layout.get_shard_layout`): each element of a shard is held by
+``layout.replicas`` ranks of the tensor group (1 for 1D and 2D, more for the replicated pieces of
+2.5D and 3D), so its ``|g|^p`` enters weighted by ``1 / replicas``. Unmarked parameters are
+replicated over the tensor group and counted as one copy. The data-parallel replicas hold the
+same (already reduced) gradients and take no part.
 """
 
 from __future__ import annotations
@@ -24,29 +25,22 @@ from kolossos.cluster.collectives import comm_device
 from kolossos.hybrid.grad_norm import tp_global_norm
 from kolossos.legacy.context import ParallelMode
 from kolossos.legacy.core import global_context as gpc
-from kolossos.nn.layer.parallel_1d.sharding import get_tp_spec
-from kolossos.nn.layer.parallel_2d import norm_share_2d
-from kolossos.nn.layer.parallel_2p5d import norm_share_2p5d
-from kolossos.nn.layer.parallel_3d import norm_share_3d
+from kolossos.nn.layer.shard_layout import get_shard_layout
 from kolossos.pipeline.shared import is_pp_duplicate
 
 __all__ = ["ModelParallelGradNorm", "model_parallel_grad_norm"]
 
 
-_SHARES = (norm_share_2d, norm_share_2p5d, norm_share_3d)
-
-
 def _piece(grad: torch.Tensor, param: torch.Tensor, norm_type: float) -> tuple[torch.Tensor, bool]:
-    """``(gradient as it enters the sum, whether it is summed over the tensor group)``."""
-    if get_tp_spec(param) is not None:
+    """``(gradient as it enters the sum, whether it is summed over the tensor group)``: a shard
+    held by ``replicas`` ranks enters with ``|g|^p`` scaled by ``1 / replicas`` (the max of the
+    inf-norm needs no scaling)."""
+    layout = get_shard_layout(param)
+    if layout is None:
+        return grad, False
+    if layout.replicas == 1 or math.isinf(norm_type):
         return grad, True
-    for share_of in _SHARES:
-        share = share_of(param)
-        if share is not None:
-            if share == 1.0 or math.isinf(norm_type):
-                return grad, True
-            return grad * share ** (1.0 / norm_type), True
-    return grad, False
+    return grad * (1.0 / layout.replicas) ** (1.0 / norm_type), True
 
 
 def _group(mode: ParallelMode) -> dist.ProcessGroup | None:

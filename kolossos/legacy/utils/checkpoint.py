@@ -6,11 +6,14 @@ saved, so the model must be built before loading; the file loads under any numbe
 parallel layout. Writes are atomic; rank 0 writes and every rank waits for it; every rank loads.
 
 Tensor-parallel parameters (the legacy ``kolossos.nn`` layers under
-``parallel=dict(tensor=dict(size=N, mode='1d'))``, whose parameters carry a
-:class:`~kolossos.nn.layer.parallel_1d.sharding.TPShardSpec`) are saved full: every rank takes
-part in gathering each shard (and each optimizer state shaped like it), and rank 0 writes the
-full tensors. Loading cuts each rank's shard back out of them, without communication, so a file
-saved at tensor size 2 loads in one process, at data-parallel size 2, or at another tensor size.
+``parallel=dict(tensor=dict(size=N, mode=...))`` in any mode, ``'1d'``, ``'2d'``, ``'2.5d'`` or
+``'3d'``, whose parameters carry a shard mark read through
+:func:`~kolossos.nn.layer.shard_layout.get_shard_layout`) are saved full, in the dense layer's
+layout under the dense model's names (``fc1.weight`` as ``nn.Linear``'s ``(out, in)``, also
+where a mode stores its blocks transposed): every rank takes part in gathering each shard (and
+each optimizer state shaped like it), and rank 0 writes the full tensors. Loading cuts each
+rank's shard back out of them, without communication, so a file saved in one mode loads in
+another mode, in one process, under data parallelism, or at another tensor size.
 
 Example:
     >>> save_checkpoint("ckpt.pt", epoch, model, optimizer, lr_scheduler, best_acc=0.93)
@@ -24,7 +27,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from kolossos.checkpoint_io._common import check_save_args, drain
@@ -41,7 +43,7 @@ from kolossos.checkpoint_io.state_check import (
     unique_tensors,
 )
 from kolossos.interface import unwrap_model
-from kolossos.nn.layer.parallel_1d.sharding import gather_tp_full, get_tp_spec, slice_tp_shard
+from kolossos.nn.layer.shard_layout import get_shard_layout
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -51,8 +53,8 @@ _RESERVED = ("format", "version", "epoch", "model", "optimizer", "lr_scheduler")
 
 
 def _full_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    spec = get_tp_spec(tensor)
-    return spec.full_shape if spec is not None else tuple(tensor.shape)
+    layout = get_shard_layout(tensor)
+    return tuple(layout.full_shape) if layout is not None else tuple(tensor.shape)
 
 
 def _is_shard_state(key: str, value: Any, param: torch.Tensor) -> bool:
@@ -70,13 +72,13 @@ class _LegacyCheckpointIO(GeneralCheckpointIO):
         """Full tensors in state-dict order: a collective of each tensor-parallel group when the
         model has sharded parameters (every rank must exhaust the iterator); rank 0 receives."""
         state = unwrap_model(model).state_dict(keep_vars=True)
-        if not any(get_tp_spec(v) is not None for v in state.values()):
+        if not any(get_shard_layout(v) is not None for v in state.values()):
             yield from super().model_state_items(model, gather_dtensor)
             return
         for name, value in state.items():
-            spec = get_tp_spec(value)
+            layout = get_shard_layout(value)
             # SYNC POINT: every rank gathers every sharded tensor, in state-dict order
-            full = gather_tp_full(value.detach(), spec) if spec else _full(value, gather_dtensor)
+            full = layout.gather(value.detach()) if layout else _full(value, gather_dtensor)
             if self.is_writer():
                 yield name, full.detach()
 
@@ -87,12 +89,16 @@ class _LegacyCheckpointIO(GeneralCheckpointIO):
         return ModelLayout({n: _full_shape(t) for n, t in state.items()}, local.aliases)
 
     def place(self, value: Any, target: Any) -> Any:
-        """This rank's shard of a full tensor when ``target`` is a tensor-parallel shard (no
-        communication); otherwise as :class:`GeneralCheckpointIO`."""
-        spec = get_tp_spec(target) if isinstance(target, torch.Tensor) else None
-        if spec is None or not isinstance(value, torch.Tensor) or value.shape != spec.full_shape:
+        """This rank's shard of a full (dense-layout) tensor when ``target`` is a
+        tensor-parallel shard (no communication); otherwise as :class:`GeneralCheckpointIO`."""
+        layout = get_shard_layout(target) if isinstance(target, torch.Tensor) else None
+        if (
+            layout is None
+            or not isinstance(value, torch.Tensor)
+            or tuple(value.shape) != tuple(layout.full_shape)
+        ):
             return super().place(value, target)
-        return slice_tp_shard(value, spec, dist.get_rank(spec.group))
+        return layout.shard(value)
 
     def optimizer_param_shapes(
         self, optimizer: Any, names: list[list[str]]
@@ -112,18 +118,18 @@ class _LegacyCheckpointIO(GeneralCheckpointIO):
         collective of each tensor-parallel group; every rank must exhaust the iterator)."""
         optim = unwrap_optimizer(optimizer)
         params = [p for group in optim.param_groups for p in group["params"]]
-        if not any(get_tp_spec(p) is not None for p in params):
+        if not any(get_shard_layout(p) is not None for p in params):
             yield from super().optimizer_state_items(optimizer, names, gather_dtensor)
             return
         for group, group_names in zip(optim.param_groups, names, strict=True):
             for param, name in zip(group["params"], group_names, strict=True):
-                spec = get_tp_spec(param)
+                layout = get_shard_layout(param)
                 state = optim.state.get(param)
                 if not state:
                     continue  # no state on any rank: states exist once a step ran everywhere
                 full = {
                     # SYNC POINT: every rank of the tensor group gathers the same states in order
-                    k: gather_tp_full(v, spec) if spec and _is_shard_state(k, v, param) else v
+                    k: layout.gather(v) if layout and _is_shard_state(k, v, param) else v
                     for k, v in state.items()
                 }
                 if self.is_writer():

@@ -3,7 +3,8 @@
 A 1D tensor-parallel layer keeps one shard of each weight. The spec records how the full tensor
 maps onto the shards so checkpoint IO, gradient clipping and optimizer-state gathering can rebuild
 the full tensor (:func:`gather_tp_full`) or cut a rank's shard from it (:func:`slice_tp_shard`)
-without knowing which layer the parameter belongs to.
+without knowing which layer the parameter belongs to. The spec satisfies the mode-independent
+:class:`~kolossos.nn.layer.shard_layout.ShardLayout` (``gather`` / ``shard`` / ``replicas``).
 
 The full tensor is split evenly along ``dim`` over the ranks of ``group``. Two refinements:
 
@@ -111,6 +112,20 @@ class TPShardSpec:
         shape = list(self.full_shape)
         shape[self.dim] = (shape[self.dim] + self.padded) // self.world_size
         return tuple(shape)
+
+    # -- the ShardLayout contract (kolossos.nn.layer.shard_layout) --------------------------
+    @property
+    def replicas(self) -> int:
+        """Ranks of :attr:`group` holding each element: 1 (each element lives on one rank)."""
+        return 1
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """:func:`gather_tp_full` of ``local``. COLLECTIVE over :attr:`group`."""
+        return gather_tp_full(local, self)
+
+    def shard(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of ``full`` (:func:`slice_tp_shard`); no communication."""
+        return slice_tp_shard(full, self, dist.get_rank(self.group))
 
 
 def set_tp_spec(param: torch.Tensor, spec: TPShardSpec) -> None:

@@ -23,6 +23,9 @@ parameter                full tensor                 splits                     
 Gradient norms: a parameter with a spec is partitioned over the whole grid (count its squares
 once per rank and sum over the ``q x q`` ranks); a parameter without one is replicated on every
 rank of the grid (count it once).
+
+The spec satisfies the mode-independent :class:`~kolossos.nn.layer.shard_layout.ShardLayout`
+(``gather`` / ``shard`` / ``replicas``).
 """
 
 from __future__ import annotations
@@ -103,6 +106,21 @@ class Shard2DSpec:
         for dim, _ in self.splits:
             shape[dim] //= self.groups.q
         return tuple(shape)
+
+    # -- the ShardLayout contract (kolossos.nn.layer.shard_layout) --------------------------
+    @property
+    def replicas(self) -> int:
+        """Ranks of the grid holding each element: 1 when the splits use both the row and the
+        column axis (every 2D layer's parameters), ``q`` for a tensor split along one axis."""
+        return self.groups.q ** (2 - len({axis for _, axis in self.splits}))
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """:func:`gather_2d_full` of ``local`` (the dense layout). COLLECTIVE over the grid."""
+        return gather_2d_full(local, self)
+
+    def shard(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's block of the dense ``full`` (:func:`slice_2d_shard`); no communication."""
+        return slice_2d_shard(full, self)
 
 
 def set_2d_spec(param: torch.Tensor, spec: Shard2DSpec) -> None:

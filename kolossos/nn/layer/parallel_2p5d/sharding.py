@@ -13,6 +13,9 @@ Gradient norms: to count each element once, a norm over the tensor group sums
 ``|g|^p / spec.replicas`` over the tensor group for every marked parameter
 (:func:`norm_share_2p5d`).
 
+The spec satisfies the mode-independent :class:`~kolossos.nn.layer.shard_layout.ShardLayout`
+(``gather`` / ``shard`` / ``replicas``).
+
 Example:
     >>> spec = get_2p5d_spec(layer.weight)  # doctest: +SKIP
     >>> full = spec.gather(layer.weight.detach())  # COLLECTIVE  # doctest: +SKIP
@@ -135,6 +138,11 @@ class TesseractShardSpec:
         if self.col_dim is not None:
             piece = all_gather_along(piece, self.col_dim, self.groups.row)
         return piece.contiguous().clone()
+
+    def shard(self, full: torch.Tensor) -> torch.Tensor:
+        """:meth:`slice` under the :class:`~kolossos.nn.layer.shard_layout.ShardLayout` name:
+        this rank's shard of the dense ``full``; no communication."""
+        return self.slice(full)
 
 
 def set_2p5d_spec(param: torch.Tensor, spec: TesseractShardSpec) -> None:

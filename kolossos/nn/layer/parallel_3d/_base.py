@@ -64,19 +64,28 @@ class ParallelModule3D(nn.Module):
         return self.groups
 
     # ------------------------------------------------------------------ building
-    def _spec(self, full_shape: tuple[int, ...], splits: Splits) -> Shard3DSpec:
+    def _spec(
+        self, stored_shape: tuple[int, ...], splits: Splits, transposed: bool = False
+    ) -> Shard3DSpec:
         groups = self.groups
         replicas = groups.size
         for _, role in splits:
             replicas //= dist.get_world_size(getattr(groups, role))
         pairs = tuple((dim, getattr(groups, role)) for dim, role in splits)
-        return Shard3DSpec(full_shape=full_shape, splits=pairs, replicas=replicas)
+        dense = tuple(reversed(stored_shape)) if transposed else stored_shape
+        return Shard3DSpec(full_shape=dense, splits=pairs, replicas=replicas, transposed=transposed)
 
     def _shard(
-        self, full: torch.Tensor, splits: Splits, requires_grad: bool = True
+        self,
+        full: torch.Tensor,
+        splits: Splits,
+        requires_grad: bool = True,
+        *,
+        transposed: bool = False,
     ) -> nn.Parameter:
-        """A parameter holding this rank's block of ``full``, with its spec attached."""
-        spec = self._spec(tuple(full.shape), splits)
+        """A parameter holding this rank's block of ``full`` (in the stored layout: the dense
+        tensor's transpose when ``transposed``), with its spec attached."""
+        spec = self._spec(tuple(full.shape), splits, transposed)
         param = nn.Parameter(slice_3d_shard(full.detach(), spec), requires_grad=requires_grad)
         set_3d_spec(param, spec)
         return param
@@ -98,6 +107,22 @@ class ParallelModule3D(nn.Module):
         Raises:
             TypeError: ``initializer`` is not callable.
         """
+        full = self._initial_full(full_shape, initializer, device, dtype, **fans)
+        return self._shard(full, splits)
+
+    def _initial_full(
+        self,
+        full_shape: tuple[int, ...],
+        initializer: Initializer,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+        **fans: int,
+    ) -> torch.Tensor:
+        """The full tensor :meth:`_initialized` cuts its block from.
+
+        Raises:
+            TypeError: ``initializer`` is not callable.
+        """
         if not callable(initializer):
             raise TypeError(
                 f"{type(self).__name__}: initializer {initializer!r} must be a callable "
@@ -106,7 +131,7 @@ class ParallelModule3D(nn.Module):
         full = torch.empty(full_shape, device=device, dtype=dtype)
         with torch.no_grad():
             initializer(full, **fans)
-        return self._shard(full, splits)
+        return full
 
     # ------------------------------------------------------------------ dense state
     def _to_dense(self, name: str, full: torch.Tensor) -> torch.Tensor:

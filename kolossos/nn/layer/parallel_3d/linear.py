@@ -73,11 +73,12 @@ class _Linear3DBase(ParallelModule3D):
                 weight, bias_ = dense.weight, dense.bias if bias_initializer is None else None
             self._check_dense(weight, (out_features, in_features), "weight")
             full = weight.detach().to(device=device, dtype=dtype)
-            self.weight = self._shard(self._from_dense("weight", full), self.weight_splits)
-        else:
-            self.weight = self._initialized(
-                stored, self.weight_splits, weight_initializer, device, dtype, **fans
+            self.weight = self._shard(
+                self._from_dense("weight", full), self.weight_splits, transposed=self.transposed
             )
+        else:
+            full = self._initial_full(stored, weight_initializer, device, dtype, **fans)
+            self.weight = self._shard(full, self.weight_splits, transposed=self.transposed)
         if not bias:
             self.register_parameter("bias", None)
         elif bias_ is not None:
