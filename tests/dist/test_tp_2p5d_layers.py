@@ -53,10 +53,10 @@ from kolossos.nn.layer.parallel_2p5d import (
     VocabParallelEmbedding2p5D,
     get_2p5d_spec,
     new_groups_2p5d,
-    norm_share_2p5d,
     split_batch_2p5d,
     split_tensor_2p5d,
 )
+from kolossos.nn.layer.shard_layout import get_shard_layout
 from kolossos.testing import spawn
 from kolossos.utils.profiling import CommCounter
 
@@ -64,6 +64,13 @@ pytestmark = pytest.mark.dist
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 B, S, H = 8, 3, 8  # batch divisible by d*q = 4; hidden divisible by q*q = 4
+
+
+def _replicas(param: torch.Tensor) -> int:
+    """How many ranks of the tensor group hold each element of ``param``."""
+    layout = get_shard_layout(param)
+    assert layout is not None, "an unmarked parameter"
+    return layout.replicas
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
@@ -107,7 +114,7 @@ def _check_init_and_state(g: Groups2p5D) -> None:
     # norm marking: sum over the tensor group of |g|^2 / replicas counts each element once
     for param in layer.parameters():
         param.grad = param.detach().clone()
-    local = sum(p.grad.pow(2).sum() * norm_share_2p5d(p) for p in layer.parameters())
+    local = sum(p.grad.pow(2).sum() / _replicas(p) for p in layer.parameters())
     total = torch.tensor([float(local)], dtype=torch.float64)
     dist.all_reduce(total, group=g.tensor)
     dense_sq = sum(float(v.double().pow(2).sum()) for v in dense.state_dict().values())

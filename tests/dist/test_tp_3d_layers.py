@@ -46,18 +46,25 @@ from kolossos.nn.layer.parallel_3d import (
     build_groups_3d,
     gather_3d_full,
     get_3d_spec,
-    norm_share_3d,
     reduce_by_batch_3d,
     slice_3d_shard,
     split_batch_3d,
     split_tensor_3d,
 )
+from kolossos.nn.layer.shard_layout import get_shard_layout
 from kolossos.testing import spawn
 from kolossos.utils.profiling import CommCounter
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 Q = 2
 BATCH, HIDDEN = 16, 8  # BATCH divisible by q**2 (batch blocks), HIDDEN by q**2 (out_features)
+
+
+def _replicas(param: torch.Tensor) -> int:
+    """How many ranks of the tensor group hold each element of ``param``."""
+    layout = get_shard_layout(param)
+    assert layout is not None, "an unmarked parameter"
+    return layout.replicas
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
@@ -128,7 +135,7 @@ def _check_linear_layers(groups: Groups3D) -> None:
     assert fc1.weight.shape == (HIDDEN // Q, 4 * HIDDEN // Q**2)  # (in/q, out/q**2)
     assert fc1.bias is not None and fc1.bias.shape == (4 * HIDDEN // Q,)
     assert get_3d_spec(fc1.weight).replicas == 1  # type: ignore[union-attr]
-    assert norm_share_3d(fc1.bias) == 1 / Q**2
+    assert _replicas(fc1.bias) == Q**2
     _run_linear(fc1, dense, groups, seed=10)
     gathered = gather_3d_full(fc1.weight.grad, get_3d_spec(fc1.weight))  # type: ignore[arg-type]
     torch.testing.assert_close(fc1._to_dense("weight", gathered), dense.weight.grad, **TOL)

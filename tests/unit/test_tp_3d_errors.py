@@ -17,8 +17,8 @@ from kolossos.nn.layer.parallel_3d import (
     check_cube,
     cube_rank_lists,
     divide_3d,
-    norm_share_3d,
 )
+from kolossos.nn.layer.shard_layout import get_shard_layout
 
 
 @pytest.mark.parametrize(("size", "edge"), [(1, 1), (8, 2), (27, 3), (64, 4), (1000, 10)])
@@ -94,4 +94,4 @@ def test_without_a_launch() -> None:
         build_groups_3d()
     with pytest.raises(RuntimeError, match="mode='3d'"):
         facade.Linear3D(256, 1024)
-    assert norm_share_3d(torch.zeros(2)) is None
+    assert get_shard_layout(torch.zeros(2)) is None

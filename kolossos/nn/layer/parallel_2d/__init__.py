@@ -45,7 +45,6 @@ from kolossos.nn.layer.parallel_2d.sharding import (
     gather_2d_full,
     get_2d_spec,
     is_2d_sharded,
-    norm_share_2d,
     set_2d_spec,
     slice_2d_shard,
 )
@@ -73,7 +72,6 @@ __all__ = [
     "get_2d_spec",
     "is_2d_sharded",
     "layer_norm_2d",
-    "norm_share_2d",
     "reduce_by_batch_2d",
     "reduce_scatter_2d",
     "set_2d_spec",

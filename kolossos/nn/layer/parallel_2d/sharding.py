@@ -43,7 +43,6 @@ __all__ = [
     "gather_2d_full",
     "get_2d_spec",
     "is_2d_sharded",
-    "norm_share_2d",
     "set_2d_spec",
     "slice_2d_shard",
 ]
@@ -147,17 +146,6 @@ def is_2d_sharded(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is a block of a 2D-sharded tensor (partitioned over the whole grid:
     the gradient-norm code sums its ``|g|^p`` over all ``q x q`` ranks)."""
     return get_2d_spec(tensor) is not None
-
-
-def norm_share_2d(param: torch.Tensor) -> float | None:
-    """``1.0`` for a 2D-sharded parameter (each element on exactly one rank of the grid: its
-    ``|g|^p`` enters a norm summed over the grid as is), ``None`` for an unmarked tensor.
-
-    Example:
-        >>> norm_share_2d(torch.zeros(2)) is None
-        True
-    """
-    return 1.0 if is_2d_sharded(param) else None
 
 
 def gather_2d_full(tensor: torch.Tensor, spec: Shard2DSpec) -> torch.Tensor:

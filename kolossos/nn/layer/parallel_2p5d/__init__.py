@@ -54,7 +54,6 @@ from kolossos.nn.layer.parallel_2p5d.sharding import (
     ParallelModule2p5D,
     TesseractShardSpec,
     get_2p5d_spec,
-    norm_share_2p5d,
     set_2p5d_spec,
 )
 
@@ -77,7 +76,6 @@ __all__ = [
     "gather_tensor_2p5d",
     "get_2p5d_spec",
     "new_groups_2p5d",
-    "norm_share_2p5d",
     "reduce_by_batch_2p5d",
     "set_2p5d_spec",
     "split_batch_2p5d",

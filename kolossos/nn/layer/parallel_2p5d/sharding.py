@@ -11,7 +11,7 @@ group) cannot express this, hence a spec of its own.
 
 Gradient norms: to count each element once, a norm over the tensor group sums
 ``|g|^p / spec.replicas`` over the tensor group for every marked parameter
-(:func:`norm_share_2p5d`).
+(:func:`~kolossos.nn.layer.shard_layout.get_shard_layout`).
 
 The spec satisfies the mode-independent :class:`~kolossos.nn.layer.shard_layout.ShardLayout`
 (``gather`` / ``shard`` / ``replicas``).
@@ -39,7 +39,6 @@ __all__ = [
     "ParallelModule2p5D",
     "TesseractShardSpec",
     "get_2p5d_spec",
-    "norm_share_2p5d",
     "set_2p5d_spec",
 ]
 
@@ -163,18 +162,6 @@ def get_2p5d_spec(tensor: torch.Tensor) -> TesseractShardSpec | None:
     """The :class:`TesseractShardSpec` attached to ``tensor``, or ``None``."""
     spec = getattr(tensor, _SPEC_ATTR, None)
     return spec if isinstance(spec, TesseractShardSpec) else None
-
-
-def norm_share_2p5d(param: torch.Tensor) -> float | None:
-    """``1 / replicas`` for a 2.5D parameter (weight its ``|g|^p`` by this and sum over the
-    tensor group to count each element once), ``None`` for an unmarked tensor.
-
-    Example:
-        >>> norm_share_2p5d(torch.zeros(2)) is None
-        True
-    """
-    spec = get_2p5d_spec(param)
-    return None if spec is None else 1.0 / spec.replicas
 
 
 class ParallelModule2p5D(nn.Module):

@@ -51,7 +51,6 @@ from kolossos.nn.layer.parallel_3d.sharding import (
     Shard3DSpec,
     gather_3d_full,
     get_3d_spec,
-    norm_share_3d,
     set_3d_spec,
     slice_3d_shard,
 )
@@ -79,7 +78,6 @@ __all__ = [
     "gather_3d_full",
     "get_3d_spec",
     "linear_3d",
-    "norm_share_3d",
     "reduce_by_batch_3d",
     "set_3d_spec",
     "slice_3d_shard",

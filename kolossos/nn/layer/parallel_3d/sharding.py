@@ -14,7 +14,7 @@ the cube holding the same values, so
   :class:`~kolossos.nn.layer.shard_layout.ShardLayout` promises;
 * a global gradient norm counts each element once: the sum of ``|g|^p`` over all ``q**3`` ranks
   of the cube, each rank's share divided by :attr:`Shard3DSpec.replicas`
-  (:func:`norm_share_3d`).
+  (:func:`~kolossos.nn.layer.shard_layout.get_shard_layout`).
 
 Example:
     >>> spec = get_3d_spec(layer.weight)  # doctest: +SKIP
@@ -36,7 +36,6 @@ __all__ = [
     "Shard3DSpec",
     "gather_3d_full",
     "get_3d_spec",
-    "norm_share_3d",
     "set_3d_spec",
     "slice_3d_shard",
 ]
@@ -135,19 +134,6 @@ def get_3d_spec(tensor: torch.Tensor) -> Shard3DSpec | None:
     """The :class:`Shard3DSpec` attached to ``tensor``, or ``None``."""
     spec = getattr(tensor, MARK_ATTR_3D, None)
     return spec if isinstance(spec, Shard3DSpec) else None
-
-
-def norm_share_3d(param: torch.Tensor) -> float | None:
-    """The factor (``1 / replicas``) by which this rank's ``sum |g|^p`` of ``param`` enters a
-    global norm that sums the partial norms of every rank of the cube, or ``None`` when
-    ``param`` carries no 3D spec.
-
-    Example:
-        >>> norm_share_3d(torch.zeros(1)) is None
-        True
-    """
-    spec = get_3d_spec(param)
-    return None if spec is None else 1.0 / spec.replicas
 
 
 def gather_3d_full(tensor: torch.Tensor, spec: Shard3DSpec) -> torch.Tensor:
