@@ -31,6 +31,7 @@ from kolossos.legacy.engine.schedule.select import (
 )
 from kolossos.legacy.engine.zero import ZeroSettings
 from kolossos.legacy.registry import GRADIENT_HANDLER
+from kolossos.legacy.utils import is_using_sequence
 from kolossos.logging import get_dist_logger
 
 __all__ = ["initialize"]
@@ -51,11 +52,6 @@ def _check_environment(ophooks: Sequence[Any] | None) -> None:
             "config=...) (or another kolossos.launch*) first."
         )
     check_pipeline_config(gpc.config, gpc.pipeline_parallel_size)  # NUM_MICRO_BATCHES, ...
-    if gpc.is_initialized(ParallelMode.SEQUENCE):
-        raise NotImplementedError(
-            "parallel.tensor mode='sequence' is not supported by initialize yet; use "
-            "Booster(plugin=HybridParallelPlugin(sp_size=...))."
-        )
 
 
 def _check_zero_layout() -> None:
@@ -104,13 +100,31 @@ def _build_model_and_optimizer(
     return model, optimizer
 
 
-def _broadcast_from_first_data_rank(model: nn.Module) -> None:
-    """Make every data-parallel replica start from the same weights (a collective)."""
-    group = gpc.get_group(ParallelMode.DATA)
-    src = gpc.get_ranks_in_group(ParallelMode.DATA)[0]
+def _broadcast_from_first_data_rank(
+    model: nn.Module, mode: ParallelMode = ParallelMode.DATA
+) -> None:
+    """Make every replica in ``mode`` (DATA; SEQUENCE_DP under sequence parallelism, where all
+    ranks of a stage hold the whole model) start from the same weights (a collective)."""
+    group = gpc.get_group(mode)
+    src = gpc.get_ranks_in_group(mode)[0]
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             dist.broadcast(tensor.data, src=src, group=group)  # SYNC POINT
+
+
+def _sequence_parallel_reduction(
+    model: nn.Module, config: EngineConfig
+) -> tuple[nn.Module, list[dict[str, Any]] | None, str]:
+    """Under ``mode='sequence'`` without handlers (as upstream): torch DDP over SEQUENCE_DP, or
+    ``SequenceParallelGradientHandler`` where DDP does not fit (fp16 NAIVE, pipeline)."""
+    if config.amp_mode is AMP_TYPE.NAIVE or gpc.pipeline_parallel_size > 1:
+        note = "SequenceParallelGradientHandler (fp16 NAIVE or pipeline)"
+        return model, [dict(type="SequenceParallelGradientHandler")], note
+    accelerator = get_accelerator()
+    device_ids = None if accelerator.name == "cpu" else [accelerator.current_device()]
+    group = gpc.get_group(ParallelMode.SEQUENCE_DP)
+    ddp = DDP(model, device_ids=device_ids, process_group=group, **config.torch_ddp.ddp_kwargs())
+    return ddp, None, "torch DistributedDataParallel over SEQUENCE_DP"
 
 
 def _build_handlers(
@@ -143,7 +157,9 @@ def initialize(
     ``gradient_handler=[dict(type=..., **kwargs)]`` (``GRADIENT_HANDLER`` registry),
     ``torch_ddp=dict(...)``, ``cudnn_benchmark``, ``cudnn_deterministic``. With a data-parallel
     size above 1 and no handler, the model is wrapped in torch DDP over ``ParallelMode.DATA``
-    (with ``AMP_TYPE.NAIVE``, ``DataParallelGradientHandler`` is used instead, as upstream).
+    (with ``AMP_TYPE.NAIVE``, ``DataParallelGradientHandler`` is used instead, as upstream);
+    under ``parallel.tensor mode='sequence'``, over ``ParallelMode.SEQUENCE_DP`` (or
+    ``SequenceParallelGradientHandler``).
 
     Args:
         model: the model, or a function building it (moved to the accelerator's device).
@@ -161,7 +177,7 @@ def initialize(
     Raises:
         RuntimeError: called before ``kolossos.launch*``.
         EngineConfigError, ValueError, TypeError: a bad feature key (see ``EngineConfig``).
-        NotImplementedError: ``zero``, pipeline or sequence parallelism, ``ophooks``.
+        NotImplementedError: ``zero`` with model parallelism, ``ophooks``.
 
     Example:
         >>> kolossos.launch_from_torch(config=dict(fp16=dict(mode=AMP_TYPE.TORCH)))
@@ -181,7 +197,9 @@ def initialize(
 
     model, optim = _build_model_and_optimizer(model, optimizer)
     dp_size = gpc.get_world_size(ParallelMode.DATA)
-    if dp_size > 1:
+    if is_using_sequence():
+        _broadcast_from_first_data_rank(model, ParallelMode.SEQUENCE_DP)
+    elif dp_size > 1:
         _broadcast_from_first_data_rank(model)
     if config.amp is not None:
         model, amp_optim, criterion = config.amp.configure(model, optim, criterion)
@@ -193,6 +211,10 @@ def initialize(
     entries = config.gradient_handlers
     if entries is None and config.zero is not None:
         entries = [dict(type="ZeROGradientHandler")]
+    elif entries is None and is_using_sequence():
+        model, entries, note = _sequence_parallel_reduction(model, config)
+        if verbose:
+            logger.info(f"sequence parallelism: gradients reduced by {note}", ranks=[0])
     elif entries is None and dp_size > 1:
         if config.amp_mode is AMP_TYPE.NAIVE or gpc.pipeline_parallel_size > 1:
             entries = [dict(type="DataParallelGradientHandler")]

@@ -10,6 +10,9 @@ from kolossos.legacy.engine.gradient_handler.moe import MoeGradientHandler
 from kolossos.legacy.engine.gradient_handler.pipeline_shared import (
     PipelineSharedModuleGradientHandler,
 )
+from kolossos.legacy.engine.gradient_handler.sequence_parallel import (
+    SequenceParallelGradientHandler,
+)
 from kolossos.legacy.engine.gradient_handler.zero import ZeROGradientHandler
 
 __all__ = [
@@ -17,5 +20,6 @@ __all__ = [
     "DataParallelGradientHandler",
     "MoeGradientHandler",
     "PipelineSharedModuleGradientHandler",
+    "SequenceParallelGradientHandler",
     "ZeROGradientHandler",
 ]
