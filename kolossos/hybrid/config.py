@@ -19,6 +19,10 @@ import torch
 from kolossos.amp import LossScalePolicy
 from kolossos.ddp import TorchDDPConfig
 from kolossos.pipeline.schedule import check_num_chunks, schedule_names
+from kolossos.shardformer.grad_ckpt_config import (
+    GradientCheckpointConfig,
+    PipelineGradientCheckpointConfig,
+)
 from kolossos.utils.checks import check_flags
 from kolossos.zero.low_level.options import COMM_DTYPES
 
@@ -88,11 +92,12 @@ class HybridParallelConfig:
     enable_all_optimization: bool = False
     """Switch on every ShardFormer optimisation (fused norm, flash attention, JIT)."""
     enable_fused_normalization: bool = False
-    """ShardFormer: fused LayerNorm/RMSNorm kernels."""
+    """ShardFormer: fused norms (RMSNorm → ``torch.nn.functional.rms_norm``; ``nn.LayerNorm``
+    already is one fused kernel)."""
     enable_flash_attention: bool = False
-    """ShardFormer: flash attention."""
+    """ShardFormer: attention through PyTorch SDPA (its fastest kernel on the device)."""
     enable_jit_fused: bool = False
-    """ShardFormer: JIT-fused bias/dropout/add."""
+    """ShardFormer: fused dropout + residual add in the blocks."""
     enable_sequence_parallelism: bool = False
     """Megatron sequence parallelism (activations outside attention/MLP split along the
     sequence over the TP group)."""
@@ -140,8 +145,10 @@ class HybridParallelConfig:
     """Model chunks per stage (interleaved schedules)."""
     num_layers_per_stage: list[int] | None = None
     """Explicit layer counts per pipeline stage."""
-    gradient_checkpoint_config: Any = None
-    """ShardFormer activation-checkpointing configuration."""
+    gradient_checkpoint_config: GradientCheckpointConfig | None = None
+    """Recompute the activations of the first blocks of the model (of every pipeline stage
+    with ``pp_size > 1``): ``GradientCheckpointConfig(gradient_checkpointing_ratio=...)`` or
+    ``PipelineGradientCheckpointConfig(num_ckpt_layers_per_stage=[...])``."""
     enable_metadata_cache: bool = True
     """Pipeline: cache the shapes of the tensors sent between stages."""
     make_vocab_size_divisible_by: int = 64
@@ -151,7 +158,8 @@ class HybridParallelConfig:
     overlap_p2p: bool = True
     """Pipeline: overlap point-to-point communication."""
     overlap_allgather: bool = False
-    """ZeRO: overlap the parameter all-gather with the next forward (not implemented)."""
+    """ZeRO: gather the updated parameters asynchronously after the step, bucket by bucket;
+    each module's forward pre-hook waits for its own parameters (``zero_stage`` 1/2)."""
 
     def __post_init__(self) -> None:
         _positive_int("tp_size", self.tp_size)
@@ -171,6 +179,7 @@ class HybridParallelConfig:
         self._check_pipeline()
         self._check_numbers()
         self._check_data_parallel()
+        self._check_checkpointing()
 
     def _check_sequence_parallel(self) -> None:
         mode = self.sequence_parallelism_mode
@@ -272,10 +281,11 @@ class HybridParallelConfig:
                 f"communication_dtype={self.communication_dtype!r} must be None, torch.float16, "
                 "torch.bfloat16 or torch.float32."
             )
-        if self.overlap_allgather:
-            raise NotImplementedError(
-                "overlap_allgather=True is not implemented (LowLevelZero gathers the updated "
-                "parameters right after the step); leave it False."
+        if self.overlap_allgather and self.zero_stage == 0:
+            raise ValueError(
+                "overlap_allgather=True with zero_stage=0: only ZeRO (zero_stage=1 or 2) gathers "
+                "parameters after the step (DDP keeps them whole); set zero_stage=1 or 2, or "
+                "drop overlap_allgather."
             )
         if self.zero_stage > 0:
             return
@@ -290,6 +300,31 @@ class HybridParallelConfig:
                     f"{name} is a ZeRO option but zero_stage=0 uses DDP; set zero_stage=1 or 2, "
                     "or drop the argument."
                 )
+
+    def _check_checkpointing(self) -> None:
+        ckpt = self.gradient_checkpoint_config
+        if ckpt is None:
+            return
+        if not isinstance(ckpt, GradientCheckpointConfig):
+            raise TypeError(
+                f"gradient_checkpoint_config={ckpt!r} must be None or a "
+                "kolossos.shardformer.GradientCheckpointConfig / "
+                "PipelineGradientCheckpointConfig, e.g. "
+                "GradientCheckpointConfig(gradient_checkpointing_ratio=0.5)."
+            )
+        counts = (
+            ckpt.num_ckpt_layers_per_stage
+            if isinstance(ckpt, PipelineGradientCheckpointConfig)
+            else None
+        )
+        stages = self.pp_size * self.num_model_chunks if self.pp_size > 1 else 1
+        if counts is not None and len(counts) != stages:
+            raise ValueError(
+                f"gradient_checkpoint_config.num_ckpt_layers_per_stage={counts!r} has "
+                f"{len(counts)} entries but pp_size={self.pp_size} x num_model_chunks="
+                f"{self.num_model_chunks} gives {stages} (virtual) stages; give one count per "
+                "stage."
+            )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -317,6 +352,7 @@ class HybridParallelConfig:
             "overlap_communication": self.overlap_communication,
             "partition_grad": self.zero_stage == 2,
             "cpu_offload": self.cpu_offload,
+            "overlap_allgather": self.overlap_allgather,
         }
 
 

@@ -26,6 +26,7 @@ from torch.optim import Optimizer
 from kolossos.accelerator import get_accelerator
 from kolossos.amp import ConstantGradScaler, DynamicGradScaler
 from kolossos.hybrid.checkpoint_io import HybridParallelCheckpointIO
+from kolossos.hybrid.checkpointing import checkpoint_pipeline_stages
 from kolossos.hybrid.config import HybridParallelConfig, check_world
 from kolossos.hybrid.mesh import HybridMesh, build_mesh
 from kolossos.hybrid.model import HybridParallelModule, HybridPipelineModule
@@ -132,7 +133,10 @@ class HybridParallelEngine:
         if optimizer is None:
             return wrapped, None
         repoint_optimizer(optimizer, names, module)
-        return wrapped, self._register(build_optimizer(optimizer, c, self.mesh, module))
+        opt = build_optimizer(optimizer, c, self.mesh, module)
+        if isinstance(opt, HybridZeroOptimizer) and c.overlap_allgather:
+            opt.install_gather_hooks(module)  # forward pre-hooks wait for the step's gathers
+        return wrapped, self._register(opt)
 
     def _boost_pipeline(
         self,
@@ -144,6 +148,7 @@ class HybridParallelEngine:
         """This rank's stage chunks, tied copies registered (made equal), and the optimizer
         re-pointed at (only) the parameters this rank holds."""
         chunks = pipeline.split(sharded, self.config.custom_policy)  # collective (tied groups)
+        checkpoint_pipeline_stages(sharded, chunks, pipeline, self.config)
         # a lazy model: only this stage's (tensor-parallel) shards are computed (COLLECTIVE)
         materialize_on(chunks, get_accelerator().get_current_device())
         pipeline.check_tied_supported()
@@ -156,6 +161,8 @@ class HybridParallelEngine:
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if p in local]
         opt = build_optimizer(optimizer, self.config, self.mesh, pipeline.names)
+        if isinstance(opt, HybridZeroOptimizer) and self.config.overlap_allgather:
+            opt.install_gather_hooks(wrapped.chunks)
         return wrapped, self._register(opt)
 
     def _register(self, opt: HybridOptimizer) -> HybridOptimizer:

@@ -62,6 +62,8 @@ def _shard_config(config: HybridParallelConfig, tp_group: dist.ProcessGroup | No
         "enable_all_optimization": config.enable_all_optimization,
     }
     kwargs.update({name: getattr(config, name) for name in _OPTIONAL if name in fields})
+    if config.pp_size > 1:  # checkpointed per stage after the split (hybrid/checkpointing.py)
+        kwargs["gradient_checkpoint_config"] = None
     return ShardConfig(**kwargs)
 
 

@@ -10,6 +10,10 @@ See docs/shardformer.md for the supported families and how to write a plan. The 
 layers under Colossal-AI's names are in :mod:`kolossos.shardformer.layer`.
 """
 
+from kolossos.shardformer.grad_ckpt_config import (
+    GradientCheckpointConfig,
+    PipelineGradientCheckpointConfig,
+)
 from kolossos.shardformer.loss import VocabParallelCausalLMLoss
 from kolossos.shardformer.policies import (
     BlockPlan,
@@ -29,9 +33,11 @@ from kolossos.shardformer.shardformer import ShardFormer
 __all__ = [
     "BlockPlan",
     "Divisible",
+    "GradientCheckpointConfig",
     "LocalAttribute",
     "ModelPlan",
     "ParallelLayer",
+    "PipelineGradientCheckpointConfig",
     "Policy",
     "SequenceBoundary",
     "ShardConfig",

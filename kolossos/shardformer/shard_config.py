@@ -8,6 +8,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from kolossos.shardformer.grad_ckpt_config import GradientCheckpointConfig
+
 __all__ = ["SEQUENCE_PARALLELISM_MODES", "ShardConfig"]
 
 SEQUENCE_PARALLELISM_MODES = ("split_gather",)
@@ -30,13 +32,10 @@ _BOOL_FIELDS = (
     "parallel_output",
 )
 
+_ALL_OPTIMIZATIONS = ("enable_fused_normalization", "enable_flash_attention", "enable_jit_fused")
+"""What ``enable_all_optimization`` switches on."""
+
 _UNSUPPORTED = {
-    "enable_fused_normalization": "kolossos has no apex kernels and PyTorch's LayerNorm is "
-    "already fused; leave it False (kolossos.shardformer.layer.FusedLayerNorm converts single "
-    "modules).",
-    "enable_flash_attention": "the plans keep transformers' attention (PyTorch SDPA); leave it "
-    "False.",
-    "enable_jit_fused": "the plans have no JIT-fused bias/dropout/add; leave it False.",
     "enable_sequence_overlap": "the plans' sequence-parallel regions do not overlap their "
     "communication; leave it False (Linear1D_Col(overlap=True) does, layer by layer).",
     "inference_only": "kolossos has no inference-only plans; leave it False (the training plans "
@@ -76,17 +75,18 @@ class ShardConfig:
     plans: not implemented (``True`` raises ``NotImplementedError``); the layers themselves
     offer it (``Linear1D_Col(overlap=True)``)."""
     enable_fused_normalization: bool = False
-    """Apex fused norms: not available (``True`` raises ``NotImplementedError``); PyTorch's
-    ``nn.LayerNorm`` already is one fused kernel, see
-    ``kolossos.shardformer.layer.FusedLayerNorm``."""
+    """Fused norms: Hugging Face RMSNorms (LLaMA) become ``torch.nn.functional.rms_norm``;
+    ``nn.LayerNorm`` already runs one fused kernel and is kept."""
     enable_flash_attention: bool = False
-    """Colossal-AI's flash-attention forwards: not implemented (``True`` raises
-    ``NotImplementedError``); transformers' SDPA attention is used as it is."""
+    """Attention through ``torch.nn.functional.scaled_dot_product_attention`` (transformers'
+    ``"sdpa"`` implementation; PyTorch picks the fastest kernel for the device and inputs)."""
     enable_jit_fused: bool = False
-    """JIT-fused bias/dropout/add: not implemented (``True`` raises ``NotImplementedError``)."""
+    """Dropout + residual add of the blocks as one fused call
+    (:mod:`kolossos.shardformer.modeling.jit_fused`; LLaMA has none to fuse)."""
     enable_all_optimization: bool = False
-    """Colossal-AI's switch for all of the above (fused norms, flash attention, JIT ops, sequence
-    parallelism and overlap): not implemented, so ``True`` raises ``NotImplementedError``."""
+    """Switch on ``enable_fused_normalization``, ``enable_flash_attention`` and
+    ``enable_jit_fused`` (Colossal-AI's switch; sequence overlap is not implemented and is left
+    off)."""
     inference_only: bool = False
     """Colossal-AI 0.3.4's inference-only plans (inference kernels, KV cache): not implemented
     (``True`` raises ``NotImplementedError``); the training plans run forward-only as well."""
@@ -103,16 +103,25 @@ class ShardConfig:
     make_vocab_size_divisible_by: int = 64
     """The vocabulary of sharded embeddings and LM heads is padded to a multiple of this times
     the tensor-parallel size (padding rows are masked out of the loss and stripped on gather)."""
+    gradient_checkpoint_config: GradientCheckpointConfig | None = None
+    """Recompute the activations of the first ``int(ratio * num_layers)`` blocks (or of the
+    given count, :class:`~kolossos.shardformer.PipelineGradientCheckpointConfig`) in backward;
+    ``None``: keep them all."""
 
     def __post_init__(self) -> None:
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"ShardConfig.{name}={getattr(self, name)!r} must be a bool.")
         if self.enable_all_optimization:
-            raise NotImplementedError(
-                "ShardConfig(enable_all_optimization=True): kolossos has no fused kernels (fused "
-                "normalization, flash attention, JIT ops) in its plans; leave it False "
-                "(transformers already uses PyTorch's SDPA attention)."
+            for name in _ALL_OPTIMIZATIONS:  # frozen: set once, during validation
+                object.__setattr__(self, name, True)
+        ckpt = self.gradient_checkpoint_config
+        if ckpt is not None and not isinstance(ckpt, GradientCheckpointConfig):
+            raise TypeError(
+                f"ShardConfig.gradient_checkpoint_config={ckpt!r} must be None or a "
+                "kolossos.shardformer.GradientCheckpointConfig (or "
+                "PipelineGradientCheckpointConfig), e.g. "
+                "GradientCheckpointConfig(gradient_checkpointing_ratio=0.5)."
             )
         self._check_unsupported()
         self._check_sequence_parallelism()
@@ -161,6 +170,14 @@ class ShardConfig:
                 "True: Megatron sequence parallelism splits the sequence over the tensor-parallel "
                 "group between its tensor-parallel regions."
             )
+
+    @property
+    def optimizations_requested(self) -> bool:
+        """Whether any model optimisation (attention, norms, fused ops, checkpointing) is on."""
+        return (
+            any(getattr(self, name) for name in _ALL_OPTIMIZATIONS)
+            or self.gradient_checkpoint_config is not None
+        )
 
     @property
     def tp_group(self) -> ProcessGroup:

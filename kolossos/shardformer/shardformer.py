@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from kolossos.shardformer.optimizations import apply_optimizations
 from kolossos.shardformer.policies.auto_policy import get_autopolicy
 from kolossos.shardformer.policies.base_policy import ModelPlan, Policy
 from kolossos.shardformer.shard_config import ShardConfig
@@ -85,9 +86,10 @@ class ShardFormer:
             try:
                 plan = _resolve_plan(model, policy)
             except ValueError:
-                if policy is None:  # nothing to shard and no plan needed
-                    return model, []
+                if policy is None and not config.optimizations_requested:
+                    return model, []  # nothing to shard and no plan needed
                 raise
+            apply_optimizations(model, plan, config)
             shared = [
                 dict.fromkeys(names, model.get_parameter(names[0]))
                 for names in tied_groups(model, plan)
@@ -95,4 +97,5 @@ class ShardFormer:
             return model, shared
         plan = _resolve_plan(model, policy)
         validate_plan(model, plan, config.tp_size, config.sequence_parallel)
+        apply_optimizations(model, plan, config)  # before sharding: the plan's paths still hold
         return model, shard_model(model, plan, config)

@@ -319,7 +319,7 @@ def test_shard_config_has_every_upstream_field_with_its_default() -> None:
         "*enable_fused_normalization=False *enable_flash_attention=False "
         "*enable_jit_fused=False *enable_all_optimization=False *inference_only=False "
         "*inference_gptq=False *extra_kwargs=<factory> *parallel_output=True "
-        "*make_vocab_size_divisible_by=64"
+        "*make_vocab_size_divisible_by=64 *gradient_checkpoint_config=None"
     )
     ours = dict(_split(token) for token in pin)
     for field, default in UPSTREAM_SHARD_CONFIG.items():

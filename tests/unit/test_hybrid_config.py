@@ -103,7 +103,7 @@ def test_defaults_and_derived_kwargs() -> None:
         ({"cpu_offload": True}, ValueError, "cpu_offload is a ZeRO option"),
         ({"communication_dtype": torch.float16}, ValueError, "zero_stage=0 uses DDP"),
         ({"zero_stage": 1, "communication_dtype": torch.int8}, ValueError, "communication_dtype"),
-        ({"overlap_allgather": True}, NotImplementedError, "overlap_allgather"),
+        ({"overlap_allgather": True}, ValueError, "overlap_allgather=True with zero_stage=0"),
         ({"sp_size": 2}, NotImplementedError, "sp_size=2"),
         ({"sequence_parallelism_mode": "zigzag"}, ValueError, "sequence_parallelism_mode"),
         (
@@ -190,12 +190,7 @@ def test_norm_counts_sharded_and_replicated_pieces_locally() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"enable_all_optimization": True},
-        {"enable_flash_attention": True},
-        {"enable_fused_normalization": True},
-        {"enable_jit_fused": True},
         {"enable_sequence_overlap": True},
-        {"gradient_checkpoint_config": object()},
     ],
 )
 def test_shardformer_options_it_cannot_honour_are_refused(kwargs: dict[str, Any]) -> None:

@@ -108,9 +108,6 @@ def test_shard_config_has_colossalai_fields() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"enable_fused_normalization": True},
-        {"enable_flash_attention": True},
-        {"enable_jit_fused": True},
         {"enable_sequence_overlap": True},
         {"enable_sequence_overlap": True, "enable_sequence_parallelism": True},
         {"inference_only": True},

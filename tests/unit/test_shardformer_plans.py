@@ -118,8 +118,7 @@ def test_shard_config_defaults_and_rejections() -> None:
     assert cfg.sequence_parallelism_mode == "split_gather" and cfg.parallel_output
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.parallel_output = False  # type: ignore[misc]
-    with pytest.raises(NotImplementedError, match="enable_all_optimization"):
-        ShardConfig(enable_all_optimization=True)
+    assert ShardConfig(enable_all_optimization=True).enable_jit_fused  # switches the three on
     with pytest.raises(NotImplementedError, match="all_to_all"):
         ShardConfig(enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all")
     with pytest.raises(ValueError, match="'zigzag' is unknown"):

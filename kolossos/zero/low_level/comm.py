@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from kolossos.zero.low_level.partition import FlatLayout
+
 __all__ = ["Communicator", "Handle"]
 
 
@@ -148,6 +150,17 @@ class Communicator:
                 flat[r * size : (r + 1) * size], self.global_rank(r), self.group, async_op=True
             )
             for r in range(self.world_size)
+        ]
+        return _Works(works)
+
+    def gather_range(self, flat: torch.Tensor, layout: FlatLayout, start: int, stop: int) -> Handle:
+        """Fill every rank's ``flat[start:stop]`` from its owners (asynchronously): one
+        broadcast per owner of a piece of the range (``overlap_allgather``'s buckets)."""
+        if self.world_size == 1 or stop <= start:
+            return _Done()
+        works = [
+            dist.broadcast(flat[lo:hi], self.global_rank(owner), self.group, async_op=True)
+            for owner, lo, hi in layout.owners(start, stop)
         ]
         return _Works(works)
 

@@ -36,6 +36,7 @@ from kolossos.zero.low_level.grad_store import GradStore, StoreMode
 from kolossos.zero.low_level.offload import MasterWeights
 from kolossos.zero.low_level.optim_state import PartitionedStateMixin
 from kolossos.zero.low_level.options import ZeroOptions, check_norm_type
+from kolossos.zero.low_level.overlap import ParamGatherer
 from kolossos.zero.low_level.partition import FlatLayout, ParamSpan
 from kolossos.zero.low_level.reducer import GradientReducer
 
@@ -77,6 +78,10 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
             states) in the working dtype, gradients are not cast to fp32.
         tp_process_group: not supported (must be ``None``); Colossal-AI 0.3.1-0.3.3 had it.
         norm_type: the norm of ``clip_grad_norm``.
+        overlap_allgather: gather the updated partitions asynchronously after the step, bucket
+            by bucket (``reduce_bucket_size``), each waited on by the forward pre-hook of the
+            modules using it once :meth:`install_gather_hooks` has been called with the model
+            (without it, ``step`` waits for them itself).
 
     Example:
         >>> model = torch.nn.Linear(8, 8).to(torch.bfloat16)
@@ -109,6 +114,7 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         *,
         tp_process_group: dist.ProcessGroup | None = None,
         norm_type: float = 2.0,
+        overlap_allgather: bool = False,
     ) -> None:
         check_flat_shard_safe(optimizer, type(self).__name__)
         super().__init__(optimizer)
@@ -152,6 +158,10 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         self._backwards = 0  # backward passes since the last zero_grad
         self._prepared: tuple[list[torch.Tensor | None], bool] | None = None
         self._skipped = False
+        self.gatherer: ParamGatherer | None = None
+        if overlap_allgather:
+            self.gatherer = ParamGatherer(self.comm, self.groups, self.layouts, self.flat_work,
+                                          reduce_bucket_size)  # fmt: skip
         if verbose:
             self._log_layout()
 
@@ -250,6 +260,37 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
             f"masters on {self.masters.device}",
             ranks=[0],
         )
+
+    # ------------------------------------------------------------------ overlap_allgather
+    def install_gather_hooks(self, model: nn.Module) -> None:
+        """``overlap_allgather``: make ``model``'s modules wait, in forward pre-hooks, for the
+        gathers of their own parameters (and its state dicts for all of them).
+
+        Raises:
+            ValueError: the optimizer was built without ``overlap_allgather=True``.
+        """
+        if self.gatherer is None:
+            raise ValueError(
+                "install_gather_hooks needs LowLevelZeroOptimizer(overlap_allgather=True); "
+                "without it the parameters are gathered inside step()."
+            )
+        self.gatherer.install(model)
+
+    def wait_param_gather(self) -> None:
+        """Wait for the parameter gathers still in flight (``overlap_allgather``): call it
+        before reading the weights outside a forward (the state dicts and ``step`` do)."""
+        if self.gatherer is not None:
+            self.gatherer.wait_all()
+
+    def state_dict(self) -> dict[str, Any]:
+        """See :meth:`PartitionedStateMixin.state_dict` (pending gathers are waited for)."""
+        self.wait_param_gather()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """See :meth:`PartitionedStateMixin.load_state_dict` (pending gathers are waited for)."""
+        self.wait_param_gather()
+        super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------ introspection
     def parameters(self) -> Iterator[torch.nn.Parameter]:
@@ -401,6 +442,7 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
             raise NotImplementedError("LowLevelZeroOptimizer.step() takes no closure.")
         if self._backwards == 0:
             return None
+        self.wait_param_gather()  # this rank's partition is about to be overwritten
         grads, found_inf = self._prepare()
         self._skipped = found_inf
         if self.scaler is not None:
@@ -419,6 +461,11 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
                 master.grad = None  # a converted copy; stored partitions stay until zero_grad
         self._prepared = None
         self.masters.write_back()
+        if self.gatherer is not None:
+            self.gatherer.launch()  # COLLECTIVE, async: waited on by the forward pre-hooks
+            if not self.gatherer.hooked:
+                self.gatherer.wait_all()
+            return out
         for handle in [self.comm.gather_partitions(flat) for flat in self.flat_work]:
             handle.wait()
         return out

@@ -1,0 +1,2 @@
+"""Replacement forwards the plans install for ShardFormer's optimisations
+(``enable_jit_fused``)."""
