@@ -37,7 +37,7 @@ PINS: dict[str, tuple[Callable[..., Any], list[str]]] = {
             "verbose=False reduce_bucket_size=1048576 communication_dtype=None "
             "overlap_communication=False partition_grad=False cpu_offload=False "
             "dp_process_group=None forced_dtype=None moe_extra_dp_process_group=None "
-            "master_weights=True *tp_process_group=None *norm_type=2.0"
+            "master_weights=True *tp_process_group=None *norm_type=2.0 *overlap_allgather=False"
         ),
     ),
     "LowLevelZeroOptimizer.state_dict": (LowLevelZeroOptimizer.state_dict, P("")),
