@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-#: sequence-parallel modes of Colossal-AI; only Megatron's split-gather runs here (over TP)
+#: sequence-parallel modes of Colossal-AI ('ring' is recognised, not implemented)
 SP_MODES = ("split_gather", "ring", "all_to_all", "ring_attn")
 
 _BOOLS = (
@@ -83,8 +83,9 @@ class HybridParallelConfig:
     pp_size: int = 1
     """Pipeline stages (1: none)."""
     sp_size: int | None = None
-    """Sequence-parallel size of the all-to-all / ring modes; ``split_gather`` uses the TP group,
-    so only ``None`` or 1 is accepted."""
+    """Sequence-parallel size of the ``'all_to_all'`` / ``'ring_attn'`` modes: a mesh axis of
+    ``sp_size`` ranks carved out of the data-parallel ones (``dp_size = world / (tp·pp·sp)``);
+    ``split_gather`` uses the TP group, so only ``None`` or 1 is accepted there."""
     precision: str = "fp16"
     """``'fp16'`` (dynamic loss scale, fp32 masters), ``'bf16'`` (fp32 masters) or ``'fp32'``."""
     zero_stage: int = 0
@@ -102,7 +103,9 @@ class HybridParallelConfig:
     """Megatron sequence parallelism (activations outside attention/MLP split along the
     sequence over the TP group)."""
     sequence_parallelism_mode: str | None = "split_gather"
-    """``'split_gather'`` (Megatron SP over the TP group); the other modes are not implemented."""
+    """``'split_gather'`` (Megatron SP over the TP group), ``'all_to_all'`` (Ulysses) or
+    ``'ring_attn'`` (ring attention, zig-zag shards) over the ``sp_size`` axis; ``'ring'`` raises
+    ``NotImplementedError``."""
     enable_sequence_overlap: bool = False
     """ShardFormer: overlap SP communication with computation."""
     parallel_output: bool = True
@@ -186,24 +189,56 @@ class HybridParallelConfig:
         _positive_int("sp_size", self.sp_size, allow_none=True)
         if mode is not None and mode not in SP_MODES:
             raise ValueError(f"sequence_parallelism_mode={mode!r} must be one of {SP_MODES}.")
-        if self.sp_size not in (None, 1):
-            raise NotImplementedError(
-                f"sp_size={self.sp_size!r}: a separate sequence-parallel axis (all_to_all / ring "
-                "modes) is not implemented; split_gather SP runs over the TP group, leave sp_size "
-                "unset."
-            )
         if not self.enable_sequence_parallelism:
+            if self.sp_size not in (None, 1):
+                raise ValueError(
+                    f"sp_size={self.sp_size!r} with enable_sequence_parallelism=False: set "
+                    "enable_sequence_parallelism=True (sequence_parallelism_mode='all_to_all' "
+                    "or 'ring_attn') or leave sp_size unset."
+                )
             return
-        if mode not in (None, "split_gather"):
+        if mode == "ring":
             raise NotImplementedError(
-                f"sequence_parallelism_mode={mode!r} is not implemented; use 'split_gather' "
-                "(Megatron sequence parallelism over the tensor-parallel group)."
+                "sequence_parallelism_mode='ring' is not implemented (Colossal-AI: split-gather "
+                "TP whose linear layers exchange activations around a ring); use 'split_gather' "
+                "(same sharding over the TP group), or 'all_to_all' / 'ring_attn' with sp_size."
             )
-        if self.tp_size < 2:
-            raise ValueError(
-                f"enable_sequence_parallelism=True with tp_size={self.tp_size}: split_gather "
-                "sequence parallelism shards along the TP group; set tp_size >= 2."
+        if mode in (None, "split_gather"):
+            if self.sp_size not in (None, 1):
+                raise ValueError(
+                    f"sp_size={self.sp_size!r} with sequence_parallelism_mode='split_gather': "
+                    "split-gather SP runs over the TP group; leave sp_size unset, or use "
+                    "'all_to_all' / 'ring_attn' for a separate sequence-parallel axis."
+                )
+            if self.tp_size < 2:
+                raise ValueError(
+                    f"enable_sequence_parallelism=True with tp_size={self.tp_size}: split_gather "
+                    "sequence parallelism shards along the TP group; set tp_size >= 2 (or use "
+                    "sequence_parallelism_mode='all_to_all' / 'ring_attn' with sp_size)."
+                )
+            return
+        # all_to_all / ring_attn: a separate axis of sp_size ranks carved out of data parallelism
+        if self.pp_size > 1:
+            raise NotImplementedError(
+                f"sequence_parallelism_mode={mode!r} with pp_size={self.pp_size}: the sequence "
+                "shard is not carried between pipeline stages yet; use pp_size=1 with sp_size, "
+                "or pp_size with sequence_parallelism_mode='split_gather'."
             )
+        if self.enable_sequence_overlap:
+            raise NotImplementedError(
+                f"enable_sequence_overlap=True with sequence_parallelism_mode={mode!r}: the "
+                "attention kernels already overlap what they can; leave it False."
+            )
+
+    @property
+    def sp_axis_size(self) -> int:
+        """Ranks on the separate sequence-parallel axis (1 unless 'all_to_all' / 'ring_attn')."""
+        if self.enable_sequence_parallelism and self.sequence_parallelism_mode in (
+            "all_to_all",
+            "ring_attn",
+        ):
+            return self.sp_size or 1
+        return 1
 
     def _check_pipeline(self) -> None:
         _positive_int("num_microbatches", self.num_microbatches, allow_none=True)
@@ -241,7 +276,7 @@ class HybridParallelConfig:
             raise NotImplementedError(
                 f"enable_sequence_parallelism=True with pp_size={self.pp_size}: sequence "
                 "parallelism inside pipeline stages is not implemented; use one of the two."
-            )
+            )  # (reached for split_gather; all_to_all / ring_attn refuse earlier)
         if not self.overlap_p2p:
             raise NotImplementedError(
                 f"overlap_p2p=False with pp_size={self.pp_size}: the pipeline's point-to-point "
@@ -360,13 +395,14 @@ def check_world(config: HybridParallelConfig, world_size: int) -> int:
     """The data-parallel size for ``world_size`` processes.
 
     Raises:
-        ValueError: ``world_size`` is not a multiple of ``tp_size * pp_size``.
+        ValueError: ``world_size`` is not a multiple of ``tp_size * pp_size * sp_size``.
     """
-    model_parallel = config.tp_size * config.pp_size
+    sp = config.sp_axis_size
+    model_parallel = config.tp_size * config.pp_size * sp
     if world_size % model_parallel:
         raise ValueError(
-            f"the world size {world_size} is not divisible by tp_size * pp_size = "
-            f"{config.tp_size} * {config.pp_size}; choose sizes whose product divides the "
-            "number of processes."
+            f"the world size {world_size} is not divisible by tp_size * pp_size * sp_size = "
+            f"{config.tp_size} * {config.pp_size} * {sp}; choose sizes whose product divides "
+            "the number of processes."
         )
     return world_size // model_parallel

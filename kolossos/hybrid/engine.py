@@ -69,7 +69,7 @@ def build_optimizer(
             inner,
             mesh.tp_group,
             pp_group=pp_group,
-            dp_process_group=mesh.dp_group,
+            dp_process_group=mesh.replica_group,
             **config.zero_kwargs(),
         )
     elif config.precision == "fp32":
@@ -101,8 +101,14 @@ class HybridParallelEngine:
         dp_size = check_world(config, dist.get_world_size())
         self.config = config
         # SYNC POINT: the mesh's groups are created collectively, after all validation.
-        self.mesh: HybridMesh = build_mesh(dp_size, config.pp_size, config.tp_size,
-                                           config.dp_outside)  # fmt: skip
+        self.mesh: HybridMesh = build_mesh(
+            dp_size,
+            config.pp_size,
+            config.tp_size,
+            config.dp_outside,
+            sp_size=config.sp_axis_size,
+            sp_inner=config.sequence_parallelism_mode != "ring_attn",
+        )
         #: which optimizer owns each sharded parameter (read by the checkpoint IO)
         self.owners = ParamOwners()
         # the schedule is built here so a bad chunk count fails before the model is touched
@@ -123,12 +129,13 @@ class HybridParallelEngine:
                 check_flat_shard_safe(optimizer, f"tp_size={self.config.tp_size}")
         c = self.config
         with LazyInitContext.resume(model):  # a lazy model's shards are cut on its record
-            sharded = shard_model(model, c, self.mesh.tp_group)
+            sharded = shard_model(model, c, self.mesh.tp_group, self.mesh.sp_group)
         if self.pipeline is not None:
             return self._boost_pipeline(self.pipeline, sharded, optimizer, names)
         materialize_on(sharded, get_accelerator().get_current_device())  # COLLECTIVE if lazy
-        ddp = c.ddp_config() if c.zero_stage == 0 and self.mesh.dp_size > 1 else None
-        wrapped = HybridParallelModule(sharded, c.dtype, ddp, self.mesh.dp_group)
+        # the sequence-parallel ranks hold replicas: gradients are averaged over dp x sp
+        ddp = c.ddp_config() if c.zero_stage == 0 and self.mesh.replica_size > 1 else None
+        wrapped = HybridParallelModule(sharded, c.dtype, ddp, self.mesh.replica_group)
         module = wrapped.unwrap()
         if optimizer is None:
             return wrapped, None
@@ -174,7 +181,7 @@ class HybridParallelEngine:
         mesh = self.mesh
         if self.pipeline is not None:
             return PipelineCheckpointIO(mesh.dp_group, mesh.tp_group, self.owners, self.pipeline)
-        return HybridParallelCheckpointIO(mesh.dp_group, mesh.tp_group, self.owners)
+        return HybridParallelCheckpointIO(mesh.replica_group, mesh.tp_group, self.owners)
 
     def execute_pipeline(
         self,

@@ -17,7 +17,9 @@ import torch.nn as nn
 from torch.optim import Optimizer
 
 from kolossos.hybrid.config import HybridParallelConfig
+from kolossos.hybrid.sequence_parallel import ATTENTION_MODES, install_sequence_parallel
 from kolossos.shardformer import ShardConfig, ShardFormer
+from kolossos.shardformer.shardformer import _resolve_plan as resolve_plan
 
 __all__ = ["check_shard_options", "needs_sharding", "repoint_optimizer", "shard_model"]
 
@@ -54,10 +56,12 @@ def _shard_config(config: HybridParallelConfig, tp_group: dist.ProcessGroup | No
                 f"{name}={getattr(config, name)!r} is not supported by kolossos.shardformer "
                 f"yet; leave it at its default ({defaults[name]!r})."
             )
+    attention_sp = config.sequence_parallelism_mode in ATTENTION_MODES
     kwargs: dict[str, Any] = {
         "tensor_parallel_process_group": tp_group,
         "enable_tensor_parallelism": config.tp_size > 1,
-        "enable_sequence_parallelism": config.enable_sequence_parallelism,
+        # Megatron SP only: the attention-level modes are installed after (sequence_parallel.py)
+        "enable_sequence_parallelism": config.enable_sequence_parallelism and not attention_sp,
         "sequence_parallelism_mode": config.sequence_parallelism_mode or "split_gather",
         "enable_all_optimization": config.enable_all_optimization,
     }
@@ -80,9 +84,13 @@ def check_shard_options(config: HybridParallelConfig) -> None:
 
 
 def shard_model(
-    model: nn.Module, config: HybridParallelConfig, tp_group: dist.ProcessGroup
+    model: nn.Module,
+    config: HybridParallelConfig,
+    tp_group: dist.ProcessGroup,
+    sp_group: dist.ProcessGroup | None = None,
 ) -> nn.Module:
-    """Apply the plan (``config.custom_policy`` or the automatic one) to ``model`` in place.
+    """Apply the plan (``config.custom_policy`` or the automatic one) to ``model`` in place;
+    ``sp_group``: the sequence-parallel group of ``'all_to_all'`` / ``'ring_attn'``.
 
     Returns:
         The sharded model (``model`` itself when there is nothing to shard).
@@ -90,6 +98,18 @@ def shard_model(
     if not needs_sharding(config):
         return model
     shard_config = _shard_config(config, tp_group)
+    if config.sp_axis_size > 1:  # (with sp_size 1 the attention modes change nothing)
+        plan = resolve_plan(model, config.custom_policy)  # before sharding: names still hold
+        sharded, _shared = ShardFormer(shard_config).optimize(model, policy=plan)
+        vocab_group = (
+            tp_group
+            if config.tp_size > 1 and config.parallel_output and plan.causal_lm_loss
+            else None
+        )
+        mode = config.sequence_parallelism_mode
+        assert sp_group is not None and mode is not None
+        install_sequence_parallel(sharded, plan, sp_group, mode, vocab_group, config.tp_size)
+        return sharded
     sharded, _shared = ShardFormer(shard_config).optimize(model, policy=config.custom_policy)
     return sharded
 

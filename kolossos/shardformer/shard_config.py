@@ -16,7 +16,8 @@ SEQUENCE_PARALLELISM_MODES = ("split_gather",)
 """Sequence-parallel modes ShardFormer implements (Megatron sequence parallelism)."""
 
 _OTHER_MODES = ("all_to_all", "ring", "ring_attn")
-"""Colossal-AI's attention-level modes: recognised, not implemented."""
+"""Colossal-AI's attention-level modes: not ShardFormer's ('all_to_all' and 'ring_attn' run
+through ``HybridParallelPlugin(sp_size=...)``, :mod:`kolossos.hybrid.sequence_parallel`)."""
 
 
 _BOOL_FIELDS = (
@@ -69,7 +70,8 @@ class ShardConfig:
     along the sequence over the group (needs ``enable_tensor_parallelism``)."""
     sequence_parallelism_mode: str = "split_gather"
     """Only ``'split_gather'`` (all-gather into the column layers, reduce-scatter out of the row
-    layers). Read only when ``enable_sequence_parallelism`` is set."""
+    layers); ``'all_to_all'`` / ``'ring_attn'`` run through ``HybridParallelPlugin(sp_size=...)``.
+    Read only when ``enable_sequence_parallelism`` is set."""
     enable_sequence_overlap: bool = False
     """Colossal-AI's overlap of sequence-parallel communication with computation inside the
     plans: not implemented (``True`` raises ``NotImplementedError``); the layers themselves
@@ -156,8 +158,10 @@ class ShardConfig:
         mode = self.sequence_parallelism_mode
         if mode in _OTHER_MODES:
             raise NotImplementedError(
-                f"ShardConfig(sequence_parallelism_mode={mode!r}) is not implemented; use "
-                "'split_gather' (Megatron sequence parallelism)."
+                f"ShardConfig(sequence_parallelism_mode={mode!r}) is not implemented in "
+                "ShardFormer; use 'split_gather' (Megatron sequence parallelism over the TP "
+                "group), or HybridParallelPlugin(sp_size=..., sequence_parallelism_mode="
+                "'all_to_all' | 'ring_attn'), which installs those attention kernels."
             )
         if mode not in SEQUENCE_PARALLELISM_MODES:
             raise ValueError(

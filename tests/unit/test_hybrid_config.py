@@ -104,7 +104,7 @@ def test_defaults_and_derived_kwargs() -> None:
         ({"communication_dtype": torch.float16}, ValueError, "zero_stage=0 uses DDP"),
         ({"zero_stage": 1, "communication_dtype": torch.int8}, ValueError, "communication_dtype"),
         ({"overlap_allgather": True}, ValueError, "overlap_allgather=True with zero_stage=0"),
-        ({"sp_size": 2}, NotImplementedError, "sp_size=2"),
+        ({"sp_size": 2}, ValueError, "sp_size=2 with enable_sequence_parallelism=False"),
         ({"sequence_parallelism_mode": "zigzag"}, ValueError, "sequence_parallelism_mode"),
         (
             {"enable_sequence_parallelism": True, "sequence_parallelism_mode": "ring"},

@@ -1,0 +1,306 @@
+"""Attention-level sequence parallelism for the ShardFormer plans (Colossal-AI's
+``sequence_parallelism_mode='all_to_all'`` and ``'ring_attn'``).
+
+Every rank of the sequence-parallel (SP) group receives the same whole batch. A forward
+pre-hook on the model cuts this rank's sequence shard of every per-token input
+(``input_ids``, ``inputs_embeds``, ``token_type_ids``, the padding ``attention_mask``) and passes
+the global ``position_ids`` of the shard, so learned and rotary positions are right:
+
+* ``'all_to_all'`` (Ulysses): contiguous shards, attention by
+  :func:`~kolossos.sequence.ulysses_attention` (sequence shards <-> head shards);
+* ``'ring_attn'``: zig-zag shards (:func:`~kolossos.sequence.zigzag_split`; causal work
+  balanced), attention by :func:`~kolossos.sequence.ring_attention`.
+
+The attention goes through transformers' attention interface: the model's
+``config._attn_implementation`` is set to ``'kolossos_ulysses'`` / ``'kolossos_ring'``, two
+functions registered here (they build no mask: causality comes from the attention module's
+``is_causal``, padding from the shard of ``attention_mask``). With tensor parallelism the heads
+are split by TP first and the kernels work on the rank's local heads.
+
+Loss: ``labels`` are taken out of the model call; causal-LM labels are shifted on the whole
+sequence first (so no target is lost at a shard boundary), then sharded like the inputs. A
+forward hook computes the summed token loss of the shard from the logits (vocabulary-parallel
+with a vocabulary-parallel head) and divides it by the target count of the whole batch
+(all-reduced over SP). The returned ``loss`` equals the single-process mean on every rank; its
+gradient is ``sp_size`` times the shard's share, so the mean taken by the data-parallel
+reduction over ``dp x sp`` gives the exact gradient. The returned ``logits`` are the rank's
+sequence shard (in the shard's token order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from kolossos.nn.layer.parallel_1d import vocab_parallel_cross_entropy
+from kolossos.sequence import ring_attention, split_sequence, ulysses_attention
+from kolossos.sequence.zigzag import sequence_positions
+from kolossos.shardformer.policies._common import is_class
+from kolossos.shardformer.policies.base_policy import ModelPlan
+from kolossos.shardformer.validate import block_list
+
+__all__ = [
+    "ATTENTION_MODES",
+    "SP_ATTENTION",
+    "SequenceParallelContext",
+    "install_sequence_parallel",
+]
+
+ATTENTION_MODES = ("all_to_all", "ring_attn")
+"""The attention-level modes this module implements."""
+
+SP_ATTENTION = {"all_to_all": "kolossos_ulysses", "ring_attn": "kolossos_ring"}
+"""transformers attention-implementation names registered for each mode."""
+
+#: the attention module inside one block, per family
+_ATTENTION_PATH = {"gpt2": "attn", "llama": "self_attn", "bert": "attention.self"}
+#: model classes with a token-level loss the hook reproduces (causal LM: shifted labels)
+_LM_CLASSES = {"GPT2LMHeadModel": True, "LlamaForCausalLM": True, "BertForMaskedLM": False}
+_BASE_CLASSES = ("GPT2Model", "LlamaModel", "BertModel")
+_CTX_ATTR = "_kolossos_sp_context"
+_PER_TOKEN = ("input_ids", "inputs_embeds", "token_type_ids")
+
+
+@dataclass(eq=False)
+class SequenceParallelContext:
+    """The SP group and the current step's padding-mask shard, shared by the attention calls."""
+
+    group: dist.ProcessGroup
+    mode: str
+    key_padding_mask: torch.Tensor | None = None
+    targets: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    @property
+    def layout(self) -> str:
+        return "zigzag" if self.mode == "ring_attn" else "contiguous"
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of ``x`` along dimension 1 (the sequence)."""
+        return split_sequence(x, 1, self.rank, self.size, self.layout)  # type: ignore[arg-type]
+
+
+def _attention(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
+               **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+    ctx: SequenceParallelContext | None = getattr(module, _CTX_ATTR, None)
+    if ctx is None:
+        raise RuntimeError(
+            f"{type(module).__name__} uses kolossos sequence-parallel attention but was not "
+            "prepared by HybridParallelPlugin(sp_size=...); shard the model with the plugin."
+        )
+    causal = bool(getattr(module, "is_causal", False))
+    mask = ctx.key_padding_mask
+    if ctx.mode == "all_to_all":
+        out = ulysses_attention(
+            q, k, v, ctx.group, causal=causal, key_padding_mask=mask, dropout_p=dropout,
+            scale=scaling,
+        )  # fmt: skip
+    else:
+        if dropout:
+            raise NotImplementedError(
+                "sequence_parallelism_mode='ring_attn' with attention dropout > 0: ring "
+                "attention has no dropout; set the model's attention dropout to 0 or use "
+                "'all_to_all'."
+            )
+        out = ring_attention(
+            q, k, v, ctx.group, causal=causal, key_padding_mask=mask, scale=scaling,
+            layout="zigzag",
+        )  # fmt: skip
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    for name in SP_ATTENTION.values():
+        AttentionInterface.register(name, _attention)
+
+
+def _split_inputs(
+    ctx: SequenceParallelContext, kwargs: dict[str, Any], causal_lm: bool | None
+) -> dict[str, Any]:
+    ids = kwargs.get("input_ids")
+    ref = ids if ids is not None else kwargs.get("inputs_embeds")
+    if ref is None:
+        raise ValueError("sequence parallelism needs input_ids or inputs_embeds as keywords.")
+    batch, seq = ref.shape[0], ref.shape[1]
+    if seq % (ctx.size * (2 if ctx.layout == "zigzag" else 1)):
+        raise ValueError(
+            f"sequence length {seq} is not divisible by "
+            f"{'2 x ' if ctx.layout == 'zigzag' else ''}sp_size={ctx.size} "
+            f"(sequence_parallelism_mode={ctx.mode!r}); pad the batch to a multiple."
+        )
+    if kwargs.get("past_key_values") is not None:
+        raise NotImplementedError("sequence parallelism with past_key_values (a KV cache).")
+    out = dict(kwargs)
+    for name in _PER_TOKEN:
+        if out.get(name) is not None:
+            out[name] = ctx.split(out[name])
+    pos = out.get("position_ids")
+    if pos is None:
+        pos = sequence_positions(seq, ctx.rank, ctx.size, ctx.layout)  # type: ignore[arg-type]
+        pos = pos.to(ref.device).unsqueeze(0).expand(batch, -1)
+    else:
+        pos = ctx.split(pos)
+    out["position_ids"] = pos
+    mask = out.pop("attention_mask", None)
+    if mask is not None:
+        if mask.dim() != 2:
+            raise ValueError(
+                "sequence parallelism takes a (batch, seq) padding attention_mask, got shape "
+                f"{tuple(mask.shape)}."
+            )
+        mask = ctx.split(mask.bool())
+    ctx.key_padding_mask = mask
+    out["attention_mask"] = None
+    if "use_cache" in out or causal_lm is not None:
+        out["use_cache"] = False
+    labels = out.pop("labels", None)
+    ctx.targets = None
+    if labels is not None:
+        if causal_lm:  # tokens < n predict n, on the whole sequence, before sharding
+            labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        ctx.targets = ctx.split(labels)
+    return out
+
+
+class _LossHook:
+    def __init__(self, ctx: SequenceParallelContext, vocab_size: int,
+                 tp_group: dist.ProcessGroup | None) -> None:  # fmt: skip
+        self.ctx, self.vocab_size, self.tp_group = ctx, vocab_size, tp_group
+
+    def __call__(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        ctx = self.ctx
+        targets, ctx.targets = ctx.targets, None
+        if targets is None:
+            return output
+        logits = output.logits.float()
+        targets = targets.to(logits.device)
+        if self.tp_group is not None:  # vocabulary-parallel logits
+            total = vocab_parallel_cross_entropy(
+                logits, targets, self.tp_group, vocab_size=self.vocab_size, reduction="sum"
+            )
+        else:
+            total = F.cross_entropy(
+                logits[..., : self.vocab_size].reshape(-1, self.vocab_size),
+                targets.reshape(-1),
+                ignore_index=-100,
+                reduction="sum",
+            )
+        stats = torch.stack([total.detach(), (targets != -100).sum().to(total.dtype)])
+        dist.all_reduce(stats, group=ctx.group)  # COLLECTIVE over the SP group
+        local = total * ctx.size / stats[1]
+        output.loss = local + (stats[0] / stats[1] - local).detach()
+        return output
+
+
+def _check_heads(plan: ModelPlan, sp: int, tp: int) -> None:
+    """Ulysses splits the heads left after tensor parallelism over the SP group.
+
+    Raises:
+        ValueError: the query heads per TP rank are not divisible by ``sp`` (or the KV heads
+            neither divisible by it nor dividing it).
+    """
+    for item in plan.divisible:
+        if "heads" not in item.name:
+            continue
+        local = item.value // tp
+        kv = "key_value" in item.name
+        if local % sp and not (kv and sp % local == 0):
+            raise ValueError(
+                f"sequence_parallelism_mode='all_to_all' with sp_size={sp} and tp_size={tp}: "
+                f"{item.name}={item.value} leaves {local} heads per tensor-parallel rank, not "
+                f"divisible by sp_size={sp}; choose sp_size * tp_size dividing the heads, or "
+                "sequence_parallelism_mode='ring_attn' (no head constraint)."
+            )
+
+
+def install_sequence_parallel(
+    model: nn.Module,
+    plan: ModelPlan,
+    group: dist.ProcessGroup,
+    mode: str,
+    vocab_parallel_group: dist.ProcessGroup | None,
+    tp_size: int = 1,
+) -> SequenceParallelContext:
+    """Make ``model`` (already tensor-parallel or not) run with its sequence split over
+    ``group`` in ``mode`` (module doc). No communication.
+
+    Args:
+        vocab_parallel_group: the TP group when the LM head's logits stay vocabulary-parallel,
+            else ``None``.
+        tp_size: the tensor-parallel size the heads were split by already.
+
+    Raises:
+        NotImplementedError: a family, model class or mode the hooks do not cover (named).
+        ValueError: Ulysses cannot split the heads (:func:`_check_heads`).
+    """
+    if mode not in ATTENTION_MODES:
+        raise NotImplementedError(
+            f"sequence_parallelism_mode={mode!r} is not implemented here; use one of "
+            f"{ATTENTION_MODES} (or 'split_gather' over the TP group)."
+        )
+    path = _ATTENTION_PATH.get(plan.family)
+    if path is None:
+        raise NotImplementedError(
+            f"sequence_parallelism_mode={mode!r} for the {plan.family!r} family: only GPT-2, "
+            "LLaMA and BERT attention are replaced; use 'split_gather' (tp_size > 1)."
+        )
+    lm = next((v for k, v in _LM_CLASSES.items() if is_class(model, k)), None)
+    if lm is None and not is_class(model, *_BASE_CLASSES):
+        raise NotImplementedError(
+            f"sequence_parallelism_mode={mode!r} with {type(model).__name__}: the sequence-"
+            f"parallel loss covers {sorted(_LM_CLASSES)} (and the base models); a pooled "
+            "classification head would need the whole sequence. Use 'split_gather'."
+        )
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        raise NotImplementedError(f"{type(model).__name__} has no transformers config.")
+    if mode == "all_to_all":
+        _check_heads(plan, dist.get_world_size(group), tp_size)
+    _register()
+    ctx = SequenceParallelContext(group=group, mode=mode)
+    for block in block_list(model, plan):
+        setattr(block.get_submodule(path), _CTX_ATTR, ctx)
+    setter: Callable[[str], None] | None = getattr(model, "set_attn_implementation", None)
+    try:
+        if callable(setter):
+            setter(SP_ATTENTION[mode])
+        else:
+            raise AttributeError
+    except Exception:  # older transformers or a refused name: the modules read the config
+        config._attn_implementation = SP_ATTENTION[mode]
+    for sub in model.modules():
+        cfg = getattr(sub, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            cfg._attn_implementation = SP_ATTENTION[mode]
+
+    def pre_hook(mod: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        if args:
+            raise TypeError(
+                "a sequence-parallel model takes its inputs as keywords "
+                "(model(input_ids=..., attention_mask=..., labels=...))."
+            )
+        return (), _split_inputs(ctx, kwargs, lm)
+
+    model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    if lm is not None:
+        vocab = int(config.vocab_size)
+        head_group = vocab_parallel_group if lm else None
+        model.register_forward_hook(_LossHook(ctx, vocab, head_group), with_kwargs=True)
+    setattr(model, _CTX_ATTR, ctx)
+    return ctx
