@@ -243,8 +243,15 @@ def ulysses_attention(
         key_padding_mask = _gather_padding(key_padding_mask, group, world)
     rank = dist.get_rank(group) if world > 1 else 0
     local = heads // world
+    # causal alone: SDPA's is_causal (no S x S mask built, none kept for backward)
+    only_causal = causal and attn_mask is None and key_padding_mask is None
     mask = _full_mask(
-        attn_mask, key_padding_mask, causal, (rank * local, (rank + 1) * local), seq_len, q.device
+        attn_mask,
+        key_padding_mask,
+        causal and not only_causal,
+        (rank * local, (rank + 1) * local),
+        seq_len,
+        q.device,
     )
     out = F.scaled_dot_product_attention(
         q_h,
@@ -252,6 +259,7 @@ def ulysses_attention(
         v_h,
         attn_mask=mask,
         dropout_p=dropout_p,
+        is_causal=only_causal,
         scale=scale,
         enable_gqa=k_h.shape[1] != q_h.shape[1],
     )
