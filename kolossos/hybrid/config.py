@@ -218,11 +218,14 @@ class HybridParallelConfig:
                 )
             return
         # all_to_all / ring_attn: a separate axis of sp_size ranks carved out of data parallelism
-        if self.pp_size > 1:
+        ckpt = self.gradient_checkpoint_config is not None
+        if self.pp_size > 1 and (self.sp_size or 1) > 1 and ckpt:
+            # the recomputation in a later backward would read another micro-batch's mask
             raise NotImplementedError(
-                f"sequence_parallelism_mode={mode!r} with pp_size={self.pp_size}: the sequence "
-                "shard is not carried between pipeline stages yet; use pp_size=1 with sp_size, "
-                "or pp_size with sequence_parallelism_mode='split_gather'."
+                f"gradient_checkpoint_config with sequence_parallelism_mode={mode!r} and "
+                f"pp_size={self.pp_size}: the attention's padding-mask shard is per micro-batch "
+                "and a recomputed block would see a later one's; drop gradient_checkpoint_config "
+                "or use pp_size=1."
             )
         if self.enable_sequence_overlap:
             raise NotImplementedError(
@@ -272,11 +275,16 @@ class HybridParallelConfig:
                 f"pp_size={self.pp_size} needs num_microbatches or microbatch_size; pass one, "
                 "e.g. num_microbatches=4."
             )
-        if self.enable_sequence_parallelism:
+        if self.enable_sequence_parallelism and self.sequence_parallelism_mode in (
+            None,
+            "split_gather",
+        ):
             raise NotImplementedError(
-                f"enable_sequence_parallelism=True with pp_size={self.pp_size}: sequence "
-                "parallelism inside pipeline stages is not implemented; use one of the two."
-            )  # (reached for split_gather; all_to_all / ring_attn refuse earlier)
+                f"enable_sequence_parallelism=True (sequence_parallelism_mode='split_gather') with "
+                f"pp_size={self.pp_size}: split-gather sequence parallelism inside pipeline "
+                "stages is not implemented; use 'all_to_all' / 'ring_attn' with sp_size, or one "
+                "of the two."
+            )
         if not self.overlap_p2p:
             raise NotImplementedError(
                 f"overlap_p2p=False with pp_size={self.pp_size}: the pipeline's point-to-point "

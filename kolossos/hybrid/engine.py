@@ -38,6 +38,7 @@ from kolossos.hybrid.optimizer import (
 )
 from kolossos.hybrid.pipeline_checkpoint_io import PipelineCheckpointIO
 from kolossos.hybrid.pipeline_runtime import PipelineRuntime
+from kolossos.hybrid.sequence_parallel import install_stage_sequence_parallel
 from kolossos.hybrid.sharding import (
     check_fresh,
     check_shard_options,
@@ -155,6 +156,8 @@ class HybridParallelEngine:
         """This rank's stage chunks, tied copies registered (made equal), and the optimizer
         re-pointed at (only) the parameters this rank holds."""
         chunks = pipeline.split(sharded, self.config.custom_policy)  # collective (tied groups)
+        if self.config.sp_axis_size > 1:  # each stage runs on the rank's sequence shard
+            install_stage_sequence_parallel(sharded, chunks)
         checkpoint_pipeline_stages(sharded, chunks, pipeline, self.config)
         # a lazy model: only this stage's (tensor-parallel) shards are computed (COLLECTIVE)
         materialize_on(chunks, get_accelerator().get_current_device())
@@ -180,7 +183,9 @@ class HybridParallelEngine:
         """The checkpoint IO for models and optimizers this engine boosted."""
         mesh = self.mesh
         if self.pipeline is not None:
-            return PipelineCheckpointIO(mesh.dp_group, mesh.tp_group, self.owners, self.pipeline)
+            return PipelineCheckpointIO(
+                mesh.replica_group, mesh.tp_group, self.owners, self.pipeline
+            )
         return HybridParallelCheckpointIO(mesh.replica_group, mesh.tp_group, self.owners)
 
     def execute_pipeline(

@@ -14,9 +14,10 @@ composes them:
 3. a step runs the schedule with the loss multiplied by the optimizer's loss scale (fp16) and
    divided by the data-parallel size (ZeRO sums), so every backward is plain autograd and works
    with the split backwards of the zero-bubble schedules; then, without ZeRO, the gradients are
-   averaged over the data-parallel group (no DDP: it cannot follow several forwards before
-   their backwards). The batch is moved to the device and its floating tensors cast to the
-   working dtype, as the unpipelined model does with its inputs.
+   averaged over the data-parallel group, ``dp x sp`` with a sequence-parallel axis (no DDP: it
+   cannot follow several forwards before their backwards). The batch is moved to the device and
+   its floating tensors cast to the working dtype, as the unpipelined model does with its
+   inputs.
 """
 
 from __future__ import annotations
@@ -197,8 +198,9 @@ class PipelineRuntime:
     # ------------------------------------------------------------------ a step
     @torch.no_grad()
     def average_dp_grads(self, params: Sequence[torch.Tensor]) -> None:
-        """Average the gradients over the data-parallel group (zero_stage 0, dp > 1)."""
-        group = self.mesh.dp_group
+        """Average the gradients over the replicas (zero_stage 0): the data-parallel group, or
+        ``dp x sp`` with a sequence-parallel axis (each SP rank holds its shard's share)."""
+        group = self.mesh.replica_group
         size = dist.get_world_size(group)
         if size == 1:
             return

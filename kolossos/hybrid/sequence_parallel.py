@@ -25,13 +25,20 @@ with a vocabulary-parallel head) and divides it by the target count of the whole
 gradient is ``sp_size`` times the shard's share, so the mean taken by the data-parallel
 reduction over ``dp x sp`` gives the exact gradient. The returned ``logits`` are the rank's
 sequence shard (in the shard's token order).
+
+With pipeline parallelism (:func:`install_stage_sequence_parallel`) the model itself gets no
+hooks; the stage chunks do the same work: the first stage cuts each micro-batch's shard (inputs,
+``position_ids``, the padding-mask and label shards, all carried to the later stages with the
+``(micro-batch, S / sp, H)`` hidden-state shard), every stage hands its mask shard to the
+attention, and the last stage computes the shard's loss with the micro-batch's whole target
+count, as above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,6 +48,7 @@ from torch import nn
 from kolossos.nn.layer.parallel_1d import vocab_parallel_cross_entropy
 from kolossos.sequence import ring_attention, split_sequence, ulysses_attention
 from kolossos.sequence.zigzag import sequence_positions
+from kolossos.shardformer.pipeline import stage_of
 from kolossos.shardformer.policies._common import is_class
 from kolossos.shardformer.policies.base_policy import ModelPlan
 from kolossos.shardformer.validate import block_list
@@ -50,6 +58,7 @@ __all__ = [
     "SP_ATTENTION",
     "SequenceParallelContext",
     "install_sequence_parallel",
+    "install_stage_sequence_parallel",
 ]
 
 ATTENTION_MODES = ("all_to_all", "ring_attn")
@@ -75,6 +84,10 @@ class SequenceParallelContext:
     mode: str
     key_padding_mask: torch.Tensor | None = None
     targets: torch.Tensor | None = None
+    causal_lm: bool | None = None
+    """``True``: a causal LM (labels shifted), ``False``: a masked LM, ``None``: no loss."""
+    loss: _LossHook | None = None
+    """Computes the shard's loss of an LM (``None`` for a base model)."""
 
     @property
     def size(self) -> int:
@@ -130,9 +143,12 @@ def _register() -> None:
         AttentionInterface.register(name, _attention)
 
 
-def _split_inputs(
+def _shard_inputs(
     ctx: SequenceParallelContext, kwargs: dict[str, Any], causal_lm: bool | None
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], torch.Tensor | None, torch.Tensor | None]:
+    """This rank's shard of the per-token inputs with the global ``position_ids`` of the shard;
+    the padding mask's shard and the labels' (causal LM: shifted on the whole sequence first)
+    are returned apart: ``(inputs without attention_mask / labels, mask shard, label shard)``."""
     ids = kwargs.get("input_ids")
     ref = ids if ids is not None else kwargs.get("inputs_embeds")
     if ref is None:
@@ -164,17 +180,24 @@ def _split_inputs(
                 "sequence parallelism takes a (batch, seq) padding attention_mask, got shape "
                 f"{tuple(mask.shape)}."
             )
-        mask = ctx.split(mask.bool())
-    ctx.key_padding_mask = mask
-    out["attention_mask"] = None
-    if "use_cache" in out or causal_lm is not None:
-        out["use_cache"] = False
+        mask = ctx.split(mask)
     labels = out.pop("labels", None)
-    ctx.targets = None
     if labels is not None:
         if causal_lm:  # tokens < n predict n, on the whole sequence, before sharding
             labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
-        ctx.targets = ctx.split(labels)
+        labels = ctx.split(labels)
+    return out, mask, labels
+
+
+def _split_inputs(
+    ctx: SequenceParallelContext, kwargs: dict[str, Any], causal_lm: bool | None
+) -> dict[str, Any]:
+    out, mask, labels = _shard_inputs(ctx, kwargs, causal_lm)
+    ctx.key_padding_mask = None if mask is None else mask.bool()
+    out["attention_mask"] = None
+    if "use_cache" in out or causal_lm is not None:
+        out["use_cache"] = False
+    ctx.targets = labels
     return out
 
 
@@ -184,10 +207,13 @@ class _LossHook:
         self.ctx, self.vocab_size, self.tp_group = ctx, vocab_size, tp_group
 
     def __call__(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        targets, self.ctx.targets = self.ctx.targets, None
+        return output if targets is None else self.loss(output, targets)
+
+    def loss(self, output: Any, targets: torch.Tensor) -> Any:
+        """``output`` with ``loss`` set from its (sharded) ``logits`` and the shard's
+        ``targets`` (a collective over the SP group)."""
         ctx = self.ctx
-        targets, ctx.targets = ctx.targets, None
-        if targets is None:
-            return output
         logits = output.logits.float()
         targets = targets.to(logits.device)
         if self.tp_group is not None:  # vocabulary-parallel logits
@@ -236,6 +262,7 @@ def install_sequence_parallel(
     mode: str,
     vocab_parallel_group: dist.ProcessGroup | None,
     tp_size: int = 1,
+    pipeline: bool = False,
 ) -> SequenceParallelContext:
     """Make ``model`` (already tensor-parallel or not) run with its sequence split over
     ``group`` in ``mode`` (module doc). No communication.
@@ -244,6 +271,8 @@ def install_sequence_parallel(
         vocab_parallel_group: the TP group when the LM head's logits stay vocabulary-parallel,
             else ``None``.
         tp_size: the tensor-parallel size the heads were split by already.
+        pipeline: the model will be cut into pipeline stages: no hooks on the model itself
+            (:func:`install_stage_sequence_parallel` wraps the stage chunks instead).
 
     Raises:
         NotImplementedError: a family, model class or mode the hooks do not cover (named).
@@ -289,6 +318,14 @@ def install_sequence_parallel(
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = SP_ATTENTION[mode]
 
+    ctx.causal_lm = lm
+    if lm is not None:
+        head_group = vocab_parallel_group if lm else None
+        ctx.loss = _LossHook(ctx, int(config.vocab_size), head_group)
+    setattr(model, _CTX_ATTR, ctx)
+    if pipeline:
+        return ctx
+
     def pre_hook(mod: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
         if args:
             raise TypeError(
@@ -298,9 +335,66 @@ def install_sequence_parallel(
         return (), _split_inputs(ctx, kwargs, lm)
 
     model.register_forward_pre_hook(pre_hook, with_kwargs=True)
-    if lm is not None:
-        vocab = int(config.vocab_size)
-        head_group = vocab_parallel_group if lm else None
-        model.register_forward_hook(_LossHook(ctx, vocab, head_group), with_kwargs=True)
-    setattr(model, _CTX_ATTR, ctx)
+    if ctx.loss is not None:
+        model.register_forward_hook(ctx.loss, with_kwargs=True)
     return ctx
+
+
+class _FirstStage:
+    """The call of a first-stage chunk: cuts the micro-batch's sequence shard before the stage
+    runner sees it, so the shard's inputs, positions, padding-mask and label shards travel
+    with the hidden-state shard to the later stages."""
+
+    def __init__(self, ctx: SequenceParallelContext, runner: Callable[..., Any]) -> None:
+        self.ctx, self.runner = ctx, runner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            raise TypeError(
+                "a sequence-parallel pipeline takes its micro-batches as dicts of keywords "
+                "({'input_ids': ..., 'attention_mask': ..., 'labels': ...})."
+            )
+        inputs, mask, labels = _shard_inputs(self.ctx, kwargs, self.ctx.causal_lm)
+        if mask is not None:
+            inputs["attention_mask"] = mask
+        if labels is not None:
+            inputs["labels"] = labels
+        return self.runner(**inputs)
+
+
+class _StageForward:
+    """The model forward a stage runner calls: takes the padding-mask shard out of the inputs
+    (the attention reads it from the context) and the label shard (on the last stage the loss
+    is computed here as in the single-stage path, else it only travelled through)."""
+
+    def __init__(
+        self, ctx: SequenceParallelContext, forward: Callable[..., Any], last: bool
+    ) -> None:
+        self.ctx, self.forward, self.last = ctx, forward, last
+
+    def __call__(self, **kwargs: Any) -> Any:
+        mask = kwargs.pop("attention_mask", None)
+        labels = kwargs.pop("labels", None)
+        self.ctx.key_padding_mask = None if mask is None else mask.bool()
+        output = self.forward(**kwargs, attention_mask=None)
+        if self.last and labels is not None and self.ctx.loss is not None:
+            output = self.ctx.loss.loss(output, labels)
+        return output
+
+
+def install_stage_sequence_parallel(model: nn.Module, chunks: nn.ModuleList) -> None:
+    """Sequence parallelism for the pipeline stage ``chunks`` of ``model`` (prepared by
+    :func:`install_sequence_parallel` with ``pipeline=True``): the first stage cuts the shard,
+    every stage hands the mask shard to the attention, the last computes the shard's loss.
+
+    Raises:
+        TypeError: a chunk not built by :func:`~kolossos.shardformer.pipeline.build_stage_chunk`.
+    """
+    ctx: SequenceParallelContext = getattr(model, _CTX_ATTR)
+    for chunk in chunks:
+        stage, runner = stage_of(chunk), cast(Any, chunk.forward)
+        if stage is None or not hasattr(runner, "forward"):
+            raise TypeError(f"{type(chunk).__name__} is not a pipeline stage chunk.")
+        runner.forward = _StageForward(ctx, runner.forward, stage.last)
+        if stage.first:
+            object.__setattr__(chunk, "forward", _FirstStage(ctx, runner))

@@ -108,7 +108,9 @@ def shard_model(
         )
         mode = config.sequence_parallelism_mode
         assert sp_group is not None and mode is not None
-        install_sequence_parallel(sharded, plan, sp_group, mode, vocab_group, config.tp_size)
+        install_sequence_parallel(
+            sharded, plan, sp_group, mode, vocab_group, config.tp_size, config.pp_size > 1
+        )
         return sharded
     sharded, _shared = ShardFormer(shard_config).optimize(model, policy=config.custom_policy)
     return sharded

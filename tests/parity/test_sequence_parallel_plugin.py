@@ -207,3 +207,95 @@ def test_sp2_dp2_zero_matches_single_process(build: Callable[[str], nn.Module]) 
     sp_peer = dist.get_rank() ^ 1  # (dp, pp, tp, sp) mesh: the SP ranks are consecutive
     assert torch.equal(everyone[sp_peer], seen)
     assert not torch.equal(everyone[dist.get_rank() ^ 2], seen)
+
+
+def check_pipeline(
+    build: Callable[[str], nn.Module], family: str, mode: str, **plugin_kwargs: Any
+) -> None:
+    """pp 2 x sp 2 through ``execute_pipeline`` (one block per stage, two micro-batches): the
+    reference trains on the mean of the micro-batches' losses, as the schedule does."""
+    micro = 2
+    torch.manual_seed(0)
+    model = build(family)
+    ref = copy.deepcopy(model)
+    initial = snapshot(model.named_parameters(remove_duplicate=False))
+    ref_opt = adamw(ref)
+    plugin = HybridParallelPlugin(
+        tp_size=1, pp_size=2, sp_size=2, num_microbatches=micro, precision="fp32",
+        enable_sequence_parallelism=True, sequence_parallelism_mode=mode, **plugin_kwargs,
+    )  # fmt: skip
+    booster = Booster(plugin=plugin)
+    boosted, opt, _, _, _ = booster.boost(model, adamw(model))
+    assert plugin.mesh.sp_size == 2 and plugin.mesh.dp_size == 1
+    sm = plugin.stage_manager
+    last = sm.is_last_stage(0)
+    batch = make_batch(family)
+    shapes: list[tuple[int, ...]] = []
+
+    # the hidden state the last stage receives is the (micro-batch, S / sp, H) shard
+    def received(module: nn.Module, args: Any, kwargs: Any) -> None:
+        shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape))
+
+    if last:
+        block = boosted.chunks[0].get_submodule(SECOND_BLOCK[family])
+        block.register_forward_pre_hook(received, with_kwargs=True)
+    losses, ref_losses = [], []
+    for _ in range(STEPS):
+        out = booster.execute_pipeline(iter([batch]), boosted, lambda o, _: o.loss, opt,
+                                       return_outputs=True)  # fmt: skip
+        assert (out["loss"] is not None) == last
+        if last:  # the micro-batches' logits of the sequence shard
+            assert out["outputs"]["logits"].shape[:2] == (GLOBAL_BATCH, SEQ // 2)
+        opt.step()
+        opt.zero_grad()
+        value = torch.tensor([out["loss"].item() if last else 0.0], dtype=torch.float64)
+        dist.all_reduce(value)  # the two SP ranks of the last stage hold the same loss
+        losses.append(value.item() / 2)
+        ref_loss = sum(ref(**{k: shard(v, i, micro) for k, v in batch.items()}).loss
+                       for i in range(micro)) / micro  # fmt: skip
+        ref_loss.backward()
+        if plugin_kwargs.get("max_norm"):  # the plugin clips by the whole model's norm
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), plugin_kwargs["max_norm"])
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(ref_loss.item())
+    torch.testing.assert_close(losses, ref_losses, rtol=TOL, atol=TOL)
+    if last:
+        assert len(shapes) == STEPS * micro, shapes
+        assert set(shapes) == {(GLOBAL_BATCH // micro, SEQ // 2, 32)}, shapes
+    # the parameters of both stages, gathered on every rank, equal the reference's
+    mine = {n: p.detach().clone() for c in boosted.chunks for n, p in c.named_parameters()}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    trained: dict[str, torch.Tensor] = {}
+    for part in everyone:
+        trained.update(part)
+    theirs = dict(ref.named_parameters(remove_duplicate=False))  # tied copies on two stages
+    assert set(trained) <= theirs.keys()  # and every reference parameter (aliases once):
+    assert {id(theirs[n]) for n in trained} == {id(p) for p in theirs.values()}
+    for name, value in trained.items():
+        torch.testing.assert_close(value, theirs[name].detach(), rtol=TOL, atol=TOL, msg=name)
+    still = [n for n in trained if n.endswith(ZERO_GRADIENT)]
+    assert_moved(initial, trained, TOL, exclude=still)
+
+
+SECOND_BLOCK = {
+    "gpt2": "transformer.h.1", "llama": "model.layers.1", "bert": "bert.encoder.layer.1"
+}  # fmt: skip
+
+
+@distributed(4)
+def test_pp2_sp2_matches_single_process(build: Callable[[str], nn.Module]) -> None:
+    @parameterize("family", ["gpt2", "llama", "bert"])
+    @parameterize("mode", ["all_to_all", "ring_attn"])
+    def case(family: str, mode: str) -> None:
+        check_pipeline(build, family, mode)
+
+    case()
+
+    # ZeRO-1 over dp x sp (here the two SP ranks) with clipping, the tied wte / lm_head
+    @parameterize("mode", ["all_to_all", "ring_attn"])
+    def zero(mode: str) -> None:
+        check_pipeline(build, "gpt2", mode, zero_stage=1, max_norm=1.0)
+
+    zero()

@@ -9,6 +9,7 @@ import pytest
 
 from kolossos.hybrid.config import HybridParallelConfig, check_world
 from kolossos.hybrid.mesh import mesh_layout
+from kolossos.shardformer import GradientCheckpointConfig
 
 
 def config(**kwargs: Any) -> HybridParallelConfig:
@@ -28,6 +29,19 @@ def test_attention_modes_take_a_separate_axis(mode: str) -> None:
     assert (
         config(enable_sequence_parallelism=True, sequence_parallelism_mode=mode).sp_axis_size == 1
     )
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+def test_attention_modes_compose_with_pipeline_parallelism(mode: str) -> None:
+    c = config(
+        tp_size=2, pp_size=2, sp_size=2, num_microbatches=2, enable_sequence_parallelism=True,
+        sequence_parallelism_mode=mode,
+    )  # fmt: skip
+    assert c.sp_axis_size == 2
+    assert check_world(c, 16) == 2  # dp = world / (tp * pp * sp)
+    with pytest.raises(ValueError, match=r"tp_size \* pp_size \* sp_size = 2 \* 2 \* 2"):
+        check_world(c, 12)
+    assert mesh_layout(1, 2, 2, sp_size=2, sp_inner=mode != "ring_attn")[0] == (1, 2, 2, 2)
 
 
 def test_split_gather_keeps_the_tp_group() -> None:
@@ -60,9 +74,23 @@ def test_split_gather_keeps_the_tp_group() -> None:
                 "sp_size": 2,
                 "pp_size": 2,
                 "num_microbatches": 2,
+                "gradient_checkpoint_config": GradientCheckpointConfig(
+                    gradient_checkpointing_ratio=0.5
+                ),
             },
             NotImplementedError,
-            "sequence_parallelism_mode='all_to_all' with pp_size=2",
+            "gradient_checkpoint_config with sequence_parallelism_mode='all_to_all' and pp_size=2",
+        ),
+        (
+            {
+                "enable_sequence_parallelism": True,
+                "tp_size": 2,
+                "pp_size": 2,
+                "num_microbatches": 2,
+            },
+            NotImplementedError,
+            "sequence_parallelism_mode='split_gather'\\) with pp_size=2.*'all_to_all' / "
+            "'ring_attn' with sp_size",
         ),
         (
             {
