@@ -104,7 +104,7 @@ def test_json_matches_the_table(runs: dict[int, tuple[str, dict[str, Any]]], npr
     assert stdout.rstrip("\n") == expected
 
 
-def test_bytes_and_memory_repeat_exactly(
+def test_bytes_repeat_exactly_and_memory_closely(
     runs: dict[int, tuple[str, dict[str, Any]]], tmp_path: Path
 ) -> None:
     _, first = runs[4]
@@ -112,8 +112,12 @@ def test_bytes_and_memory_repeat_exactly(
     for a, b in zip(first["layouts"], second["layouts"], strict=True):
         assert a["per_rank"]["comm_bytes"] == b["per_rank"]["comm_bytes"], a["layout"]["name"]
         assert a["comm_calls_per_step"] == b["comm_calls_per_step"]
-        if a["memory_source"] == "tracker":  # exact on the CPU; allocator rounding may vary
-            assert a["per_rank"]["peak_memory_bytes"] == b["per_rank"]["peak_memory_bytes"]
+        if a["memory_source"] == "tracker":  # tensor storages counted exactly on the CPU, but
+            # which temporaries overlap at the peak depends on when a collective completes (one
+            # rank once measured 256 B more): equal within a few hundred bytes
+            for x, y in zip(a["per_rank"]["peak_memory_bytes"], b["per_rank"]["peak_memory_bytes"],
+                            strict=True):  # fmt: skip
+                assert abs(x - y) <= 512, (a["layout"]["name"], x, y)
 
 
 def _failing_then_working(rank: int, world_size: int, port: int) -> list[dict[str, Any]]:
