@@ -142,6 +142,7 @@ MODELS: dict[str, ModelSpec] = {
         _gpt2_spec("gpt2-30m", 6, 384, 6, 50257, 128),  # 30M
         _gpt2_spec("gpt2-50m", 8, 512, 8, 50257, 128),  # 51M
         _gpt2_spec("gpt2-120m", 12, 768, 12, 50257, 128),  # 124M (GPT-2 small)
+        _gpt2_spec("gpt2-1b", 18, 2048, 16, 50257, 1024),  # 1.0B, for one GPU (MFU)
         ModelSpec(
             name="resnet-tiny",
             family="resnet",

@@ -22,6 +22,7 @@ configuration, the plugin's keyword values, the corpus and the sample prompt, an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -268,6 +269,23 @@ def _check_processes(config: TrainConfig, from_flag: bool) -> None:
         )
 
 
+def _fit_default_to_devices(config: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """The built-in default's process count, lowered to the GPUs visible on a machine with
+    fewer of them (one GPU: one process), unless an override set it; a CPU run keeps it."""
+    from kolossos.accelerator import get_accelerator
+
+    if any(item.split("=", 1)[0].strip() == "nproc_per_node" for item in overrides):
+        return config
+    try:
+        accelerator = get_accelerator()
+    except (ValueError, RuntimeError):  # a bad KOLOSSOS_ACCELERATOR: _check_processes says so
+        return config
+    count = accelerator.device_count()
+    if accelerator.name == "cpu" or not 0 < count < config.nproc_per_node:
+        return config
+    return dataclasses.replace(config, nproc_per_node=count)
+
+
 def _check_port(port: int | None, *, free: bool) -> None:
     from kolossos.cli.launcher.errors import LaunchConfigError
     from kolossos.cli.launcher.limits import check_port, check_port_free
@@ -305,6 +323,8 @@ def _prepare(args: argparse.Namespace, rank0: bool) -> tuple[TrainConfig, RunPat
         _check_port(args.master_port, free=False)
         path, overrides = split_items(args.items)
         config = with_nproc(load_config(path, overrides), args.nproc_per_node)
+        if not under and path is None and args.nproc_per_node is None:
+            config = _fit_default_to_devices(config, overrides)
         if not under:
             _check_processes(config, from_flag=args.nproc_per_node is not None)
         check_config(config, int(os.environ["WORLD_SIZE"]) if under else config.nproc_per_node)

@@ -100,7 +100,11 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), BAD, ids=[str(b[0]) for b in BAD])
+# ids without object addresses, so that pytest-xdist's workers collect the same names
+IDS = [str(b[0]).split(" at 0x")[0] for b in BAD]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), BAD, ids=IDS)
 def test_bad_arguments_are_refused_with_their_name(
     kwargs: dict[str, Any], error: type[Exception], message: str
 ) -> None:

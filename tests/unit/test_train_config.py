@@ -314,3 +314,24 @@ def test_basic_png_without_matplotlib(tmp_path: Path, monkeypatch: pytest.Monkey
     out = tmp_path / "loss.png"
     assert write_loss_plot([(1, 4.0), (2, 3.0), (3, 2.5)], [(0, 4.2), (3, 2.6)], out) == "basic"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_built_in_default_fits_a_one_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in default starts 2 processes; on a machine with one GPU it starts one (NCCL
+    refuses two processes on one device), unless an override asked for the count."""
+    import kolossos.accelerator as accelerator_module
+
+    class OneGpu:
+        name = "cuda"
+
+        def device_count(self) -> int:
+            return 1
+
+    default = load_config(None)
+    assert default.nproc_per_node == 2
+    monkeypatch.setattr(accelerator_module, "get_accelerator", lambda: OneGpu())
+    assert train_cli._fit_default_to_devices(default, []).nproc_per_node == 1
+    pinned = load_config(None, ["nproc_per_node=2"])
+    assert train_cli._fit_default_to_devices(pinned, ["nproc_per_node=2"]).nproc_per_node == 2
+    monkeypatch.setattr(OneGpu, "name", "cpu")
+    assert train_cli._fit_default_to_devices(default, []).nproc_per_node == 2

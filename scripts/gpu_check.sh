@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, for a lent one-GPU machine (CI has none): the CUDA tests, the
+# main job on the GPU, and the one-GPU benchmarks (bf16 MFU of a 1B GPT-2, every plugin that
+# runs on one device next to its PyTorch baselines). Writes its logs under $OUT (runs/gpu).
+# Usage: bash scripts/gpu_check.sh [gpu|bench|train|unit]...   (all four by default)
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/gpu}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(gpu bench train unit)
+nvidia-smi -L
+$PY -c "import torch, transformers as t; print('torch', torch.__version__, 'transformers', \
+t.__version__, torch.cuda.get_device_name())"
+$PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+    || echo "[gpu] editable install failed: the kolossos command may be missing"
+for step in "${steps[@]}"; do
+    case $step in
+    gpu)  # the CUDA-only tests
+        timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu \
+            tests/unit/test_accelerator.py 2>&1 | tee "$OUT/tests-gpu.log" | tail -25 ;;
+    unit)  # the single-process suites with CUDA visible
+        timeout 150 $PY -m pytest -q -p no:cacheprovider -n 12 tests/unit tests/compat \
+            2>&1 | tee "$OUT/tests-unit.log" | tail -40 ;;
+    train)
+        d=$(mktemp -d)
+        (cd "$d" && timeout 120 kolossos train) 2>&1 | tee "$OUT/train.log" | tail -15 ;;
+    bench)
+        timeout 420 $PY -m benchmarks ddp fsdp --world-size 1 --model gpt2-1b \
+            --precision bf16 --batch 8 --steps 6 --warmup 2 --reps 2 --out "$OUT/mfu.json" \
+            2>&1 | grep -v '^{' | tee "$OUT/bench.log" | tail -40 ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+    esac
+done
