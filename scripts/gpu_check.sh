@@ -2,7 +2,7 @@
 # The checks that need a GPU, for a lent one-GPU machine (CI has none): the CUDA tests, the
 # main job on the GPU, and the one-GPU benchmarks (bf16 MFU of a 1B GPT-2, every plugin that
 # runs on one device next to its PyTorch baselines). Writes its logs under $OUT (runs/gpu).
-# Usage: bash scripts/gpu_check.sh [gpu|bench|train|unit]...   (all four by default)
+# Usage: bash scripts/gpu_check.sh [gpu|bench|train|fork|unit]...   (all by default)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu}
@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(gpu bench train unit)
+[ ${#steps[@]} -eq 0 ] && steps=(gpu bench train fork unit)
 nvidia-smi -L
 $PY -c "import torch, transformers as t; print('torch', torch.__version__, 'transformers', \
 t.__version__, torch.cuda.get_device_name())"
@@ -21,12 +21,16 @@ for step in "${steps[@]}"; do
     gpu)  # the CUDA-only tests
         timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu \
             tests/unit/test_accelerator.py 2>&1 | tee "$OUT/tests-gpu.log" | tail -25 ;;
+    fork)  # forked CPU/gloo ranks on a GPU host (the parent must not initialise CUDA), gpu last
+        timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu \
+            tests/parity/test_sequence_parallel_plugin.py -k "sp2_matches or gpu or cuda" \
+            2>&1 | tee "$OUT/tests-fork.log" | tail -15 ;;
     unit)  # the single-process suites with CUDA visible
-        timeout 150 $PY -m pytest -q -p no:cacheprovider -n 12 tests/unit tests/compat \
+        timeout 100 $PY -m pytest -q -p no:cacheprovider -n 12 tests/unit tests/compat \
             2>&1 | tee "$OUT/tests-unit.log" | tail -40 ;;
     train)
         d=$(mktemp -d)
-        (cd "$d" && timeout 120 kolossos train) 2>&1 | tee "$OUT/train.log" | tail -15 ;;
+        (cd "$d" && timeout 100 kolossos train) 2>&1 | tee "$OUT/train.log" | tail -15 ;;
     bench)
         timeout 420 $PY -m benchmarks ddp fsdp --world-size 1 --model gpt2-1b \
             --precision bf16 --batch 8 --steps 6 --warmup 2 --reps 2 --out "$OUT/mfu.json" \

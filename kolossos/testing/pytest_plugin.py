@@ -5,7 +5,11 @@ and fast.
   ran leaves the children hanging;
 * pre-imports the heavy ``torch.distributed`` submodules once, so forked ranks inherit them
   instead of paying 4–5 s each;
-* ``gpu``-marked tests are skipped without CUDA;
+* asks NVML, not the CUDA driver, whether a GPU exists (``PYTORCH_NVML_BASED_CUDA_CHECK``): a
+  driver initialised in the parent makes every CUDA call of a forked rank fail (torch's optimizers
+  ask for the current stream), so the parent must not touch it before forking;
+* ``gpu``-marked tests are skipped without CUDA, and run last where it is present: they create a
+  CUDA context in the parent, after which ranks can no longer be forked;
 * every other test runs on the CPU accelerator even where CUDA is present: the multi-process
   tests are CPU/gloo tests (several ranks would otherwise share one GPU through NCCL, which it
   refuses), and ``gpu`` tests get the CUDA accelerator back. The choice is made in the parent
@@ -35,6 +39,7 @@ _PREIMPORT = (
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import torch
 
     torch.set_num_threads(1)
@@ -49,6 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     import torch
 
     if torch.cuda.is_available():
+        items.sort(key=lambda item: "gpu" in item.keywords)  # stable: gpu tests last
         return
     skip = pytest.mark.skip(reason="needs CUDA (gpu marker); none on this machine")
     for item in items:

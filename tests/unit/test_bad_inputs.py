@@ -259,7 +259,9 @@ def test_train_refuses_more_processes_than_gpus(
     import kolossos.accelerator
 
     monkeypatch.setattr(kolossos.accelerator, "get_accelerator", _FakeCuda)
-    line = refused(train_cli.main, "kolossos train", [f"output_dir={RUNS}"], capsys)
+    # (the built-in default alone fits itself to one GPU: the count is asked for here)
+    argv = [f"output_dir={RUNS}", "nproc_per_node=2"]
+    line = refused(train_cli.main, "kolossos train", argv, capsys)
     assert_names(line, ["nproc_per_node = 2", "1 cuda device(s)", "KOLOSSOS_ACCELERATOR=cpu"])
 
 
