@@ -196,37 +196,39 @@ class HybridParallelConfig:
                     "enable_sequence_parallelism=True (sequence_parallelism_mode='all_to_all' "
                     "or 'ring_attn') or leave sp_size unset."
                 )
+            if self.enable_sequence_overlap:
+                raise ValueError(
+                    "enable_sequence_overlap=True with enable_sequence_parallelism=False: it "
+                    "overlaps sequence-parallel communication; set enable_sequence_parallelism="
+                    "True (sequence_parallelism_mode='split_gather') or leave it False."
+                )
             return
-        if mode == "ring":
-            raise NotImplementedError(
-                "sequence_parallelism_mode='ring' is not implemented (Colossal-AI: split-gather "
-                "TP whose linear layers exchange activations around a ring); use 'split_gather' "
-                "(same sharding over the TP group), or 'all_to_all' / 'ring_attn' with sp_size."
-            )
-        if mode in (None, "split_gather"):
+        if mode in (None, "split_gather", "ring"):
+            # Megatron SP over the TP group; 'ring' shards the same way and only replaces the
+            # all-gather / reduce-scatter by ring exchanges overlapped with the matmuls
+            name = mode or "split_gather"
             if self.sp_size not in (None, 1):
                 raise ValueError(
-                    f"sp_size={self.sp_size!r} with sequence_parallelism_mode='split_gather': "
+                    f"sp_size={self.sp_size!r} with sequence_parallelism_mode={name!r}: "
                     "split-gather SP runs over the TP group; leave sp_size unset, or use "
                     "'all_to_all' / 'ring_attn' for a separate sequence-parallel axis."
                 )
             if self.tp_size < 2:
                 raise ValueError(
-                    f"enable_sequence_parallelism=True with tp_size={self.tp_size}: split_gather "
+                    f"enable_sequence_parallelism=True with tp_size={self.tp_size}: {name} "
                     "sequence parallelism shards along the TP group; set tp_size >= 2 (or use "
                     "sequence_parallelism_mode='all_to_all' / 'ring_attn' with sp_size)."
                 )
+            if mode == "ring" and self.enable_sequence_overlap:
+                raise NotImplementedError(
+                    "enable_sequence_overlap=True with sequence_parallelism_mode='ring': the "
+                    "ring already overlaps every exchange with a matmul; leave it False, or use "
+                    "'split_gather' with it."
+                )
             return
         # all_to_all / ring_attn: a separate axis of sp_size ranks carved out of data parallelism
-        ckpt = self.gradient_checkpoint_config is not None
-        if self.pp_size > 1 and (self.sp_size or 1) > 1 and ckpt:
-            # the recomputation in a later backward would read another micro-batch's mask
-            raise NotImplementedError(
-                f"gradient_checkpoint_config with sequence_parallelism_mode={mode!r} and "
-                f"pp_size={self.pp_size}: the attention's padding-mask shard is per micro-batch "
-                "and a recomputed block would see a later one's; drop gradient_checkpoint_config "
-                "or use pp_size=1."
-            )
+        # (gradient_checkpoint_config with pp_size > 1: each checkpointed block replays with its
+        # own micro-batch's padding-mask shard, hybrid/checkpointing.py)
         if self.enable_sequence_overlap:
             raise NotImplementedError(
                 f"enable_sequence_overlap=True with sequence_parallelism_mode={mode!r}: the "
@@ -275,16 +277,8 @@ class HybridParallelConfig:
                 f"pp_size={self.pp_size} needs num_microbatches or microbatch_size; pass one, "
                 "e.g. num_microbatches=4."
             )
-        if self.enable_sequence_parallelism and self.sequence_parallelism_mode in (
-            None,
-            "split_gather",
-        ):
-            raise NotImplementedError(
-                f"enable_sequence_parallelism=True (sequence_parallelism_mode='split_gather') with "
-                f"pp_size={self.pp_size}: split-gather sequence parallelism inside pipeline "
-                "stages is not implemented; use 'all_to_all' / 'ring_attn' with sp_size, or one "
-                "of the two."
-            )
+        # split_gather with pp_size > 1: the stages exchange (micro-batch, S / tp, H) sequence
+        # shards (hybrid/stage_sequence.py)
         if not self.overlap_p2p:
             raise NotImplementedError(
                 f"overlap_p2p=False with pp_size={self.pp_size}: the pipeline's point-to-point "

@@ -6,6 +6,8 @@ composes them:
 
 1. the layout's blocks are split over the virtual stages (``num_layers_per_stage`` or uniform);
    this rank keeps the chunks of its stages (:class:`~kolossos.shardformer.pipeline.StageRange`);
+   with Megatron sequence parallelism (``'split_gather'``) a later stage takes the
+   ``(micro-batch, S / tp, H)`` shard the previous one sends (:mod:`.stage_sequence`);
 2. parameters tied across stages (GPT-2's ``wte`` on the first stage and ``lm_head`` on the
    last) keep one copy per pipeline position, registered with a
    :class:`~kolossos.pipeline.PipelineSharedModuleWrapper`: the copies start equal and the
@@ -36,6 +38,7 @@ from kolossos.checkpoint_io.state_check import ModelLayout
 from kolossos.cluster.collectives import all_reduce_coalesced
 from kolossos.hybrid.config import HybridParallelConfig
 from kolossos.hybrid.mesh import HybridMesh
+from kolossos.hybrid.stage_sequence import install_stage_sequence_shards
 from kolossos.hybrid.zero_optimizer import HybridZeroOptimizer
 from kolossos.interface import OptimizerWrapper
 from kolossos.nn.layer.parallel_1d.sharding import get_tp_spec
@@ -48,6 +51,7 @@ from kolossos.shardformer.pipeline import (
     layout_of,
 )
 from kolossos.shardformer.policies.base_policy import StageLayout
+from kolossos.shardformer.sharder import SHARDED_ATTR, ShardedState
 
 __all__ = ["PipelineRuntime", "TiedParameter"]
 
@@ -139,6 +143,12 @@ class PipelineRuntime:
         local: set[torch.Tensor] = {p for chunk in chunks for p in chunk.parameters()}
         self.names = {p: n for p, n in first.items() if p in local}
         self._find_tied(model, layout, num_layers, local)
+        shards = getattr(model, SHARDED_ATTR, None)
+        if isinstance(shards, ShardedState) and shards.config.sequence_parallel:
+            # Megatron SP (split_gather): the stages exchange sequence shards over TP
+            boundary = shards.plan.sequence
+            seq_dim = boundary.seq_dim if boundary is not None else 1
+            install_stage_sequence_shards(chunks, blocks, self.config.tp_size, seq_dim)
         return chunks
 
     def _position_of(self, name: str, layout: StageLayout, counts: Sequence[int]) -> int:

@@ -26,6 +26,9 @@ gradient is ``sp_size`` times the shard's share, so the mean taken by the data-p
 reduction over ``dp x sp`` gives the exact gradient. The returned ``logits`` are the rank's
 sequence shard (in the shard's token order).
 
+Which families, task models and pooled heads are covered, and their own hooks (OPT positions,
+ViT's cut after the embeddings, the pooled heads' token pick): :mod:`kolossos.hybrid.sp_families`.
+
 With pipeline parallelism (:func:`install_stage_sequence_parallel`) the model itself gets no
 hooks; the stage chunks do the same work: the first stage cuts each micro-batch's shard (inputs,
 ``position_ids``, the padding-mask and label shards, all carried to the later stages with the
@@ -36,7 +39,8 @@ count, as above.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -45,11 +49,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from kolossos.hybrid.sp_families import install_family_hooks, model_support
 from kolossos.nn.layer.parallel_1d import vocab_parallel_cross_entropy
 from kolossos.sequence import ring_attention, split_sequence, ulysses_attention
 from kolossos.sequence.zigzag import sequence_positions
 from kolossos.shardformer.pipeline import stage_of
-from kolossos.shardformer.policies._common import is_class
 from kolossos.shardformer.policies.base_policy import ModelPlan
 from kolossos.shardformer.validate import block_list
 
@@ -67,18 +71,16 @@ ATTENTION_MODES = ("all_to_all", "ring_attn")
 SP_ATTENTION = {"all_to_all": "kolossos_ulysses", "ring_attn": "kolossos_ring"}
 """transformers attention-implementation names registered for each mode."""
 
-#: the attention module inside one block, per family
-_ATTENTION_PATH = {"gpt2": "attn", "llama": "self_attn", "bert": "attention.self"}
-#: model classes with a token-level loss the hook reproduces (causal LM: shifted labels)
-_LM_CLASSES = {"GPT2LMHeadModel": True, "LlamaForCausalLM": True, "BertForMaskedLM": False}
-_BASE_CLASSES = ("GPT2Model", "LlamaModel", "BertModel")
+# the families, task models and pooled heads covered: the tables of sp_families
 _CTX_ATTR = "_kolossos_sp_context"
 _PER_TOKEN = ("input_ids", "inputs_embeds", "token_type_ids")
 
 
 @dataclass(eq=False)
 class SequenceParallelContext:
-    """The SP group and the current step's padding-mask shard, shared by the attention calls."""
+    """The SP group and the current (micro-batch's) padding-mask shard, shared by the attention
+    calls; a checkpointed block replays with the shard of its own forward
+    (:meth:`checkpoint_contexts`)."""
 
     group: dist.ProcessGroup
     mode: str
@@ -104,6 +106,30 @@ class SequenceParallelContext:
     def split(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's shard of ``x`` along dimension 1 (the sequence)."""
         return split_sequence(x, 1, self.rank, self.size, self.layout)  # type: ignore[arg-type]
+
+    @staticmethod
+    def of(model: nn.Module) -> SequenceParallelContext | None:
+        """The context :func:`install_sequence_parallel` gave ``model`` (``None``: none)."""
+        ctx = getattr(model, _CTX_ATTR, None)
+        return ctx if isinstance(ctx, SequenceParallelContext) else None
+
+    @contextmanager
+    def masking(self, mask: torch.Tensor | None) -> Iterator[None]:
+        """The attention calls inside see padding-mask shard ``mask``; the previous one after."""
+        saved, self.key_padding_mask = self.key_padding_mask, mask
+        try:
+            yield
+        finally:
+            self.key_padding_mask = saved
+
+    def checkpoint_contexts(
+        self,
+    ) -> tuple[AbstractContextManager[Any], AbstractContextManager[Any]]:
+        """``context_fn`` of ``torch.utils.checkpoint`` (non-reentrant), called when a
+        checkpointed block runs forward: the forward as it is, and its recomputation in a later
+        backward with the mask shard of *this* micro-batch, captured now. Under a pipeline
+        schedule other micro-batches' forwards (with their own masks) run in between."""
+        return nullcontext(), self.masking(self.key_padding_mask)
 
 
 def _attention(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -283,19 +309,7 @@ def install_sequence_parallel(
             f"sequence_parallelism_mode={mode!r} is not implemented here; use one of "
             f"{ATTENTION_MODES} (or 'split_gather' over the TP group)."
         )
-    path = _ATTENTION_PATH.get(plan.family)
-    if path is None:
-        raise NotImplementedError(
-            f"sequence_parallelism_mode={mode!r} for the {plan.family!r} family: only GPT-2, "
-            "LLaMA and BERT attention are replaced; use 'split_gather' (tp_size > 1)."
-        )
-    lm = next((v for k, v in _LM_CLASSES.items() if is_class(model, k)), None)
-    if lm is None and not is_class(model, *_BASE_CLASSES):
-        raise NotImplementedError(
-            f"sequence_parallelism_mode={mode!r} with {type(model).__name__}: the sequence-"
-            f"parallel loss covers {sorted(_LM_CLASSES)} (and the base models); a pooled "
-            "classification head would need the whole sequence. Use 'split_gather'."
-        )
+    support = model_support(model, plan, mode, pipeline)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
         raise NotImplementedError(f"{type(model).__name__} has no transformers config.")
@@ -304,7 +318,7 @@ def install_sequence_parallel(
     _register()
     ctx = SequenceParallelContext(group=group, mode=mode)
     for block in block_list(model, plan):
-        setattr(block.get_submodule(path), _CTX_ATTR, ctx)
+        setattr(block.get_submodule(support.attention_path), _CTX_ATTR, ctx)
     setter: Callable[[str], None] | None = getattr(model, "set_attn_implementation", None)
     try:
         if callable(setter):
@@ -318,6 +332,7 @@ def install_sequence_parallel(
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = SP_ATTENTION[mode]
 
+    lm = support.causal_lm
     ctx.causal_lm = lm
     if lm is not None:
         head_group = vocab_parallel_group if lm else None
@@ -325,16 +340,7 @@ def install_sequence_parallel(
     setattr(model, _CTX_ATTR, ctx)
     if pipeline:
         return ctx
-
-    def pre_hook(mod: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
-        if args:
-            raise TypeError(
-                "a sequence-parallel model takes its inputs as keywords "
-                "(model(input_ids=..., attention_mask=..., labels=...))."
-            )
-        return (), _split_inputs(ctx, kwargs, lm)
-
-    model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    install_family_hooks(model, plan, ctx, support, _split_inputs)
     if ctx.loss is not None:
         model.register_forward_hook(ctx.loss, with_kwargs=True)
     return ctx

@@ -12,10 +12,12 @@ from kolossos.shardformer.grad_ckpt_config import GradientCheckpointConfig
 
 __all__ = ["SEQUENCE_PARALLELISM_MODES", "ShardConfig"]
 
-SEQUENCE_PARALLELISM_MODES = ("split_gather",)
-"""Sequence-parallel modes ShardFormer implements (Megatron sequence parallelism)."""
+SEQUENCE_PARALLELISM_MODES = ("split_gather", "ring")
+"""Sequence-parallel modes ShardFormer implements: Megatron sequence parallelism, its
+communication as collectives (``'split_gather'``) or as ring exchanges overlapped with the
+matmuls (``'ring'``, :mod:`kolossos.nn.layer.parallel_1d.ring_ops`)."""
 
-_OTHER_MODES = ("all_to_all", "ring", "ring_attn")
+_OTHER_MODES = ("all_to_all", "ring_attn")
 """Colossal-AI's attention-level modes: not ShardFormer's ('all_to_all' and 'ring_attn' run
 through ``HybridParallelPlugin(sp_size=...)``, :mod:`kolossos.hybrid.sequence_parallel`)."""
 
@@ -37,8 +39,6 @@ _ALL_OPTIMIZATIONS = ("enable_fused_normalization", "enable_flash_attention", "e
 """What ``enable_all_optimization`` switches on."""
 
 _UNSUPPORTED = {
-    "enable_sequence_overlap": "the plans' sequence-parallel regions do not overlap their "
-    "communication; leave it False (Linear1D_Col(overlap=True) does, layer by layer).",
     "inference_only": "kolossos has no inference-only plans; leave it False (the training plans "
     "also run forward-only, e.g. under torch.no_grad()).",
     "inference_gptq": "kolossos has no GPTQ support; leave it False.",
@@ -69,13 +69,17 @@ class ShardConfig:
     """Megatron sequence parallelism: between tensor-parallel regions the hidden states are split
     along the sequence over the group (needs ``enable_tensor_parallelism``)."""
     sequence_parallelism_mode: str = "split_gather"
-    """Only ``'split_gather'`` (all-gather into the column layers, reduce-scatter out of the row
-    layers); ``'all_to_all'`` / ``'ring_attn'`` run through ``HybridParallelPlugin(sp_size=...)``.
-    Read only when ``enable_sequence_parallelism`` is set."""
+    """``'split_gather'`` (all-gather into the column layers, reduce-scatter out of the row
+    layers) or ``'ring'`` (the same sharding; both done as ring exchanges, each chunk multiplied
+    as it arrives); ``'all_to_all'`` / ``'ring_attn'`` run through
+    ``HybridParallelPlugin(sp_size=...)``. Read only when ``enable_sequence_parallelism`` is
+    set."""
     enable_sequence_overlap: bool = False
-    """Colossal-AI's overlap of sequence-parallel communication with computation inside the
-    plans: not implemented (``True`` raises ``NotImplementedError``); the layers themselves
-    offer it (``Linear1D_Col(overlap=True)``)."""
+    """``'split_gather'`` only: each region's entry keeps only the sequence shard and, in
+    backward, overlaps the all-gather of the input with the input-gradient matmuls and the
+    reduce-scatter of the input gradient with the weight-gradient matmuls
+    (:mod:`kolossos.nn.layer.parallel_1d.seq_overlap`); the same numbers as without it. Needs
+    ``enable_sequence_parallelism``."""
     enable_fused_normalization: bool = False
     """Fused norms: Hugging Face RMSNorms (LLaMA) become ``torch.nn.functional.rms_norm``;
     ``nn.LayerNorm`` already runs one fused kernel and is kept."""
@@ -87,8 +91,8 @@ class ShardConfig:
     (:mod:`kolossos.shardformer.modeling.jit_fused`; LLaMA has none to fuse)."""
     enable_all_optimization: bool = False
     """Switch on ``enable_fused_normalization``, ``enable_flash_attention`` and
-    ``enable_jit_fused`` (Colossal-AI's switch; sequence overlap is not implemented and is left
-    off)."""
+    ``enable_jit_fused`` (Colossal-AI's switch; sequence parallelism and its overlap stay as
+    given, as in Colossal-AI 0.4's code, although its docstring names them)."""
     inference_only: bool = False
     """Colossal-AI 0.3.4's inference-only plans (inference kernels, KV cache): not implemented
     (``True`` raises ``NotImplementedError``); the training plans run forward-only as well."""
@@ -154,6 +158,12 @@ class ShardConfig:
 
     def _check_sequence_parallelism(self) -> None:
         if not self.enable_sequence_parallelism:
+            if self.enable_sequence_overlap:
+                raise ValueError(
+                    "ShardConfig(enable_sequence_overlap=True) needs enable_sequence_parallelism="
+                    "True: it overlaps the sequence-parallel communication; set both, or leave "
+                    "it False."
+                )
             return
         mode = self.sequence_parallelism_mode
         if mode in _OTHER_MODES:
@@ -165,8 +175,14 @@ class ShardConfig:
             )
         if mode not in SEQUENCE_PARALLELISM_MODES:
             raise ValueError(
-                f"ShardConfig.sequence_parallelism_mode={mode!r} is unknown; the supported mode "
-                f"is {SEQUENCE_PARALLELISM_MODES}."
+                f"ShardConfig.sequence_parallelism_mode={mode!r} is unknown; the supported modes "
+                f"are {SEQUENCE_PARALLELISM_MODES}."
+            )
+        if mode == "ring" and self.enable_sequence_overlap:
+            raise NotImplementedError(
+                "ShardConfig(sequence_parallelism_mode='ring', enable_sequence_overlap=True): "
+                "the ring already overlaps every exchange with a matmul; leave "
+                "enable_sequence_overlap False, or use 'split_gather' with it."
             )
         if not self.enable_tensor_parallelism:
             raise ValueError(

@@ -5,8 +5,10 @@ in the vocabulary-parallel loss."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -21,6 +23,12 @@ from kolossos.nn.layer.parallel_1d import (
     get_tp_spec,
     is_sequence_parallel,
     mark_sequence_parallel,
+)
+from kolossos.shardformer.fused_region import (
+    StagedFusedLinear1D_Col,
+    StagedLinear1D_Col,
+    fused_region_entry,
+    uses_fused_regions,
 )
 from kolossos.shardformer.hooks import (
     RngFork,
@@ -66,14 +74,17 @@ def _build_layer(
 ) -> nn.Module:
     group, sp = config.tp_group, config.sequence_parallel
     vocab = {"make_vocab_size_divisible_by": config.make_vocab_size_divisible_by}
+    staged = _fused(config)  # the region entry may compute the column layers' outputs
     if layer.style == "column":  # its region's entry communicates for it
-        return Linear1D_Col.from_native_module(module, group, input_comm=False)
+        col = StagedLinear1D_Col if staged else Linear1D_Col
+        return col.from_native_module(module, group, input_comm=False)
     if layer.style == "fused_column":
-        return FusedLinear1D_Col.from_native_module(
+        fused = StagedFusedLinear1D_Col if staged else FusedLinear1D_Col
+        return fused.from_native_module(
             module, group, fused_sections=layer.fused_sections, input_comm=False
         )
     if layer.style == "row":
-        mode = "split_gather" if sp else None
+        mode = config.sequence_parallelism_mode if sp else None
         return Linear1D_Row.from_native_module(
             module, group, seq_parallel_mode=mode, seq_dim=layer.seq_dim
         )
@@ -108,7 +119,7 @@ def _shard_block(
     for region in plan.regions:
         module = block.get_submodule(region.path)
         arg = None if region.path in replaced else region.arg  # the layer's own forward(x)
-        entry = region_entry(group, sp, region.seq_dim)
+        entry = _region_entry(block, region.path, region.seq_dim, plan, config)
         state.handles.append(add_input_hook(module, arg, entry))
     names = ensure_tp_rng_states(group)
     if sp:
@@ -123,6 +134,29 @@ def _shard_block(
         for inner in plan.replicated_rng:
             if inner.startswith(path + "."):
                 state.handles += fork.add_suspension(block.get_submodule(inner))
+
+
+def _fused(config: ShardConfig) -> bool:
+    return uses_fused_regions(
+        config.sequence_parallel, config.sequence_parallelism_mode, config.enable_sequence_overlap
+    )
+
+
+def _region_entry(
+    block: nn.Module, path: str, seq_dim: int, plan: BlockPlan, config: ShardConfig
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The plain entry, or ('ring' / sequence overlap) one fused with the region's column
+    layers (:mod:`kolossos.shardformer.fused_region`)."""
+    group, sp = config.tp_group, config.sequence_parallel
+    columns = [
+        block.get_submodule(layer.path)
+        for layer in plan.layers
+        if layer.style in ("column", "fused_column")
+        and (layer.path == path or layer.path.startswith(path + "."))
+    ]
+    if not (_fused(config) and columns):
+        return region_entry(group, sp, seq_dim)
+    return fused_region_entry(group, config.sequence_parallelism_mode, seq_dim, columns)
 
 
 def _mark_sequence_parallel(module: nn.Module) -> RemovableHandle:

@@ -336,8 +336,10 @@ def _check_copies_keep_marks() -> None:
 
 def _check_errors() -> None:
     group, _, world = _world()
-    with pytest.raises(NotImplementedError, match="ring"):
-        Linear1D_Col(HIDDEN, HIDDEN, process_group=group, seq_parallel_mode="ring")
+    with pytest.raises(NotImplementedError, match="all_to_all"):
+        Linear1D_Col(HIDDEN, HIDDEN, process_group=group, seq_parallel_mode="all_to_all")
+    with pytest.raises(NotImplementedError, match="ring"):  # the linear layers only
+        VocabParallelEmbedding1D(8, HIDDEN, process_group=group, seq_parallel_mode="ring")
     with pytest.raises(TypeError, match="Conv1D"):
         Linear1D_Row.from_native_module(nn.Embedding(4, 4), group)
     with pytest.raises(NotImplementedError, match="max_norm"):

@@ -107,10 +107,24 @@ def test_defaults_and_derived_kwargs() -> None:
         ({"sp_size": 2}, ValueError, "sp_size=2 with enable_sequence_parallelism=False"),
         ({"sequence_parallelism_mode": "zigzag"}, ValueError, "sequence_parallelism_mode"),
         (
-            {"enable_sequence_parallelism": True, "sequence_parallelism_mode": "ring"},
-            NotImplementedError,
-            "'ring' is not implemented",
+            {
+                "tp_size": 1,
+                "enable_sequence_parallelism": True,
+                "sequence_parallelism_mode": "ring",
+            },
+            ValueError,
+            "tp_size=1: ring sequence parallelism shards along the TP group",
         ),
+        (
+            {
+                "enable_sequence_parallelism": True,
+                "enable_sequence_overlap": True,
+                "sequence_parallelism_mode": "ring",
+            },
+            NotImplementedError,
+            "already overlaps every exchange",
+        ),
+        ({"enable_sequence_overlap": True}, ValueError, "enable_sequence_parallelism=False"),
         ({"tp_size": 1, "enable_sequence_parallelism": True}, ValueError, "tp_size >= 2"),
         ({"pp_style": "zigzag"}, ValueError, "pp_style='zigzag' is not a pipeline schedule"),
         ({"pp_style": "1f1b", "num_model_chunks": 2}, ValueError, "'interleaved'"),
@@ -119,11 +133,6 @@ def test_defaults_and_derived_kwargs() -> None:
         ({"num_microbatches": 0}, ValueError, "num_microbatches=0"),
         ({"pp_size": 2}, ValueError, "num_microbatches or microbatch_size"),
         ({"pp_style": "zbv", "num_model_chunks": 3}, ValueError, "num_model_chunks=2"),
-        (
-            {"pp_size": 2, "num_microbatches": 4, "enable_sequence_parallelism": True},
-            NotImplementedError,
-            "sequence parallelism inside pipeline stages",
-        ),
         (
             {"pp_size": 2, "num_microbatches": 4, "num_layers_per_stage": [1, 1, 2]},
             ValueError,
@@ -155,6 +164,8 @@ def test_sequence_parallelism_and_pipeline_options_that_are_valid() -> None:
     )
     HybridParallelConfig(tp_size=1, pp_size=4, num_microbatches=4, pp_style="zbv",
                          num_model_chunks=2, zero_stage=1)  # fmt: skip
+    # split-gather sequence parallelism inside pipeline stages (the stages exchange shards)
+    HybridParallelConfig(tp_size=2, pp_size=2, num_microbatches=4, enable_sequence_parallelism=True)
 
 
 def test_zero2_with_a_pipeline_is_allowed_with_a_warning() -> None:
@@ -187,16 +198,13 @@ def test_norm_counts_sharded_and_replicated_pieces_locally() -> None:
     assert tp_global_norm([], 2.0, None).item() == 0.0
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"enable_sequence_overlap": True},
-    ],
-)
-def test_shardformer_options_it_cannot_honour_are_refused(kwargs: dict[str, Any]) -> None:
-    from kolossos.hybrid.sharding import check_shard_options
+def test_sequence_options_are_forwarded_to_shardformer() -> None:
+    from kolossos.hybrid.sharding import _shard_config, check_shard_options
 
     check_shard_options(HybridParallelConfig(tp_size=2, parallel_output=False))  # forwarded
-    name = next(iter(kwargs))
-    with pytest.raises(NotImplementedError, match=name):
-        check_shard_options(HybridParallelConfig(tp_size=2, **kwargs))
+    sp = {"tp_size": 2, "enable_sequence_parallelism": True}
+    for kwargs in ({"sequence_parallelism_mode": "ring"}, {"enable_sequence_overlap": True}):
+        check_shard_options(HybridParallelConfig(**sp, **kwargs))
+        shard = _shard_config(HybridParallelConfig(**sp, **kwargs), None)
+        for name, value in kwargs.items():
+            assert getattr(shard, name) == value

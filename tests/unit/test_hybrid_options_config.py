@@ -75,9 +75,19 @@ def test_checkpoint_layer_counts() -> None:
     assert ratio.get_num_ckpt_layers(0, 2, 4) == 2
 
 
-def test_still_unsupported_options_name_themselves() -> None:
-    with pytest.raises(NotImplementedError, match="enable_sequence_overlap"):
+def test_sequence_overlap_needs_sequence_parallelism() -> None:
+    with pytest.raises(ValueError, match=r"enable_sequence_overlap=True.*enable_sequence_paral"):
         ShardConfig(enable_sequence_overlap=True)
+    with pytest.raises(NotImplementedError, match="'ring', enable_sequence_overlap=True"):
+        ShardConfig(
+            enable_sequence_parallelism=True,
+            sequence_parallelism_mode="ring",
+            enable_sequence_overlap=True,
+        )
+    on = ShardConfig(enable_sequence_parallelism=True, enable_sequence_overlap=True)
+    assert on.enable_sequence_overlap and on.sequence_parallelism_mode == "split_gather"
+    ring = ShardConfig(enable_sequence_parallelism=True, sequence_parallelism_mode="ring")
+    assert ring.sequence_parallelism_mode == "ring"
 
 
 def test_dropout_add_is_the_unfused_computation() -> None:

@@ -32,6 +32,21 @@ def test_attention_modes_take_a_separate_axis(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+def test_gradient_checkpointing_composes_with_pipeline_and_sequence_parallelism(mode: str) -> None:
+    ckpt = GradientCheckpointConfig(gradient_checkpointing_ratio=0.5)
+    c = config(
+        pp_size=2, sp_size=2, num_microbatches=2, enable_sequence_parallelism=True,
+        sequence_parallelism_mode=mode, gradient_checkpoint_config=ckpt,
+    )  # fmt: skip
+    assert c.sp_axis_size == 2 and c.gradient_checkpoint_config is ckpt
+
+
+def test_split_gather_composes_with_pipeline_parallelism() -> None:
+    c = config(tp_size=2, pp_size=2, num_microbatches=2, enable_sequence_parallelism=True)
+    assert c.sp_axis_size == 1 and check_world(c, 4) == 1  # the TP group: no separate axis
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
 def test_attention_modes_compose_with_pipeline_parallelism(mode: str) -> None:
     c = config(
         tp_size=2, pp_size=2, sp_size=2, num_microbatches=2, enable_sequence_parallelism=True,
@@ -47,6 +62,9 @@ def test_attention_modes_compose_with_pipeline_parallelism(mode: str) -> None:
 def test_split_gather_keeps_the_tp_group() -> None:
     c = config(tp_size=2, enable_sequence_parallelism=True)
     assert c.sp_axis_size == 1 and check_world(c, 4) == 2
+    for extra in ({"sequence_parallelism_mode": "ring"}, {"enable_sequence_overlap": True}):
+        c = config(tp_size=2, enable_sequence_parallelism=True, **extra)  # same TP group
+        assert c.sp_axis_size == 1 and check_world(c, 4) == 2
     with pytest.raises(ValueError, match="sp_size=2 with sequence_parallelism_mode='split_gather'"):
         config(tp_size=2, sp_size=2, enable_sequence_parallelism=True)
     with pytest.raises(ValueError, match="tp_size >= 2"):
@@ -63,34 +81,30 @@ def test_split_gather_keeps_the_tp_group() -> None:
                 "enable_sequence_parallelism": True,
                 "sequence_parallelism_mode": "ring",
                 "tp_size": 2,
+                "sp_size": 2,
+            },
+            ValueError,
+            "sp_size=2 with sequence_parallelism_mode='ring'.*'all_to_all' / 'ring_attn'",
+        ),
+        (
+            {
+                "enable_sequence_parallelism": True,
+                "sequence_parallelism_mode": "ring",
+                "tp_size": 2,
+                "enable_sequence_overlap": True,
             },
             NotImplementedError,
-            "'ring' is not implemented.*'split_gather'.*'all_to_all' / 'ring_attn'",
+            "enable_sequence_overlap=True with sequence_parallelism_mode='ring'.*'split_gather'",
         ),
         (
             {
                 "enable_sequence_parallelism": True,
                 "sequence_parallelism_mode": "all_to_all",
                 "sp_size": 2,
-                "pp_size": 2,
-                "num_microbatches": 2,
-                "gradient_checkpoint_config": GradientCheckpointConfig(
-                    gradient_checkpointing_ratio=0.5
-                ),
+                "enable_sequence_overlap": True,
             },
             NotImplementedError,
-            "gradient_checkpoint_config with sequence_parallelism_mode='all_to_all' and pp_size=2",
-        ),
-        (
-            {
-                "enable_sequence_parallelism": True,
-                "tp_size": 2,
-                "pp_size": 2,
-                "num_microbatches": 2,
-            },
-            NotImplementedError,
-            "sequence_parallelism_mode='split_gather'\\) with pp_size=2.*'all_to_all' / "
-            "'ring_attn' with sp_size",
+            "enable_sequence_overlap=True with sequence_parallelism_mode='all_to_all'",
         ),
         (
             {

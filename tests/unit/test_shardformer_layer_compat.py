@@ -65,8 +65,9 @@ def test_seq_parallel_keywords_merge_with_kolossos_ones() -> None:
     assert resolve_seq_parallel("L", None, True, 2, 2) == ("split_gather", 2)
     with pytest.raises(ValueError, match="seq_dim=0 and seq_parallel_dim=2"):
         resolve_seq_parallel("L", None, True, 0, 2)
-    with pytest.raises(NotImplementedError, match="'ring'"):
-        resolve_seq_parallel("L", "ring", True, None, 1)
+    assert resolve_seq_parallel("L", "ring", True, None, 1) == ("ring", 1)
+    with pytest.raises(NotImplementedError, match="'all_to_all'"):
+        resolve_seq_parallel("L", "all_to_all", True, None, 1)
     with pytest.raises(TypeError, match="seq_parallel='yes'"):
         resolve_seq_parallel("L", None, "yes", None, 1)  # type: ignore[arg-type]
 
@@ -108,8 +109,6 @@ def test_shard_config_has_colossalai_fields() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"enable_sequence_overlap": True},
-        {"enable_sequence_overlap": True, "enable_sequence_parallelism": True},
         {"inference_only": True},
         {"inference_gptq": True},
         {"pipeline_stage_manager": object()},

@@ -21,6 +21,7 @@ from kolossos.nn.layer.parallel_1d.sharding import (
 )
 
 __all__ = [
+    "LINEAR_SEQ_PARALLEL_MODES",
     "SEQ_PARALLEL_MODES",
     "GroupArg",
     "ParallelModule1D",
@@ -36,8 +37,12 @@ __all__ = [
 ]
 
 SEQ_PARALLEL_MODES = ("split_gather",)
-"""Sequence-parallel modes the 1D layers implement (Megatron's all-gather in, reduce-scatter
+"""Sequence-parallel modes every 1D layer implements (Megatron's all-gather in, reduce-scatter
 out). Colossal-AI's other modes are attention-level schemes and raise ``NotImplementedError``."""
+
+LINEAR_SEQ_PARALLEL_MODES = ("split_gather", "ring")
+"""The linear layers also implement ``'ring'``: the same sharding, the all-gather and
+reduce-scatter done as a ring of exchanges overlapped with the matmul (``ring_ops``)."""
 
 
 GroupArg = ProcessGroup | list[ProcessGroup] | tuple[ProcessGroup, ...] | None
@@ -59,13 +64,15 @@ def reject_positional(owner: str, args: tuple[Any, ...]) -> None:
         )
 
 
-def check_seq_parallel_mode(mode: str | None) -> str | None:
-    """Validate a ``seq_parallel_mode`` option (``None`` or ``"split_gather"``)."""
-    if mode is None or mode in SEQ_PARALLEL_MODES:
+def check_seq_parallel_mode(
+    mode: str | None, allowed: tuple[str, ...] = SEQ_PARALLEL_MODES
+) -> str | None:
+    """Validate a ``seq_parallel_mode`` option (``None`` or one of ``allowed``)."""
+    if mode is None or mode in allowed:
         return mode
     raise NotImplementedError(
-        f"seq_parallel_mode={mode!r} is not implemented by the 1D layers; use 'split_gather' "
-        "(Megatron sequence parallelism) or None."
+        f"seq_parallel_mode={mode!r} is not implemented by this 1D layer; use one of "
+        f"{allowed} (Megatron sequence parallelism) or None."
     )
 
 
@@ -88,7 +95,7 @@ def resolve_seq_parallel(
         raise TypeError(f"{owner}: seq_parallel={seq_parallel!r} must be a bool.")
     if seq_parallel_mode is None and seq_parallel:
         seq_parallel_mode = SEQ_PARALLEL_MODES[0]
-    mode = check_seq_parallel_mode(seq_parallel_mode)
+    mode = check_seq_parallel_mode(seq_parallel_mode, LINEAR_SEQ_PARALLEL_MODES)
     if seq_dim is None:
         return mode, seq_parallel_dim
     if seq_parallel_dim != 1 and seq_parallel_dim != seq_dim:

@@ -44,6 +44,7 @@ from kolossos.nn.layer.parallel_1d.initializers import (
     check_initializers,
 )
 from kolossos.nn.layer.parallel_1d.overlap import chunked_row_linear, overlapped_column_linear
+from kolossos.nn.layer.parallel_1d.ring_ops import ring_gather_linears, ring_linear_reduce_scatter
 from kolossos.nn.layer.parallel_1d.sharding import mark_sequence_parallel
 
 __all__ = ["Linear1D_Col", "Linear1D_Row", "native_linear_weights"]
@@ -261,7 +262,8 @@ class Linear1D_Col(_Linear1D):
             per-rank random stream; only when ``weight`` is not given.
         bias_initializer: ``init(shard, fan_in=in_features)`` for the bias shard.
         seq_parallel_mode: ``"split_gather"``: the input is a shard along ``seq_dim`` and is
-            all-gathered (its gradient reduce-scattered); ``None``: the input is replicated.
+            all-gathered (its gradient reduce-scattered); ``"ring"``: the same around a ring,
+            each chunk multiplied as it arrives (``ring_ops``); ``None``: replicated input.
         seq_dim: the sequence dimension of the input under sequence parallelism.
         input_comm: ``False``: the caller already made the input full and replicated (one
             ``copy_to_tp`` / ``gather_seq_reduce_scatter_grad`` at a block's input shared by q, k
@@ -321,6 +323,11 @@ class Linear1D_Col(_Linear1D):
                 f"seq_parallel_mode={self.seq_parallel_mode!r} / overlap={overlap!r} cannot "
                 "apply; drop them."
             )
+        if self.overlap and self.seq_parallel_mode == "ring":
+            raise NotImplementedError(
+                f"{name}: overlap=True with seq_parallel_mode='ring': the ring already overlaps "
+                "every exchange with a matmul; drop overlap, or use 'split_gather' with it."
+            )
         self.seq_parallel = self.seq_parallel_mode is not None
         self.seq_parallel_dim = self.seq_dim
         self.gather_output, self.skip_bias_add = gather_output, skip_bias_add
@@ -362,6 +369,9 @@ class Linear1D_Col(_Linear1D):
                 seq_dim=self.seq_dim if self.seq_parallel_mode is not None else None,
                 conv1d_layout=self.conv1d_layout,
             )
+        elif self.seq_parallel_mode == "ring":
+            weight = self.weight.t() if self.conv1d_layout else self.weight
+            _, (y,) = ring_gather_linears(x, [weight], [bias], self.process_group, self.seq_dim)
         else:
             if self.seq_parallel_mode is not None:
                 x = gather_seq_reduce_scatter_grad(x, self.process_group, self.seq_dim)
@@ -403,7 +413,8 @@ class Linear1D_Row(_Linear1D):
             all-reduces are issued asynchronously, one per chunk (a ``RuntimeError`` in training
             mode, as in Colossal-AI).
         seq_parallel_mode: ``"split_gather"``: reduce-scatter the output along ``seq_dim`` (the
-            bias is then marked sequence-parallel: its gradient needs a sum over the group).
+            bias is then marked sequence-parallel: its gradient needs a sum over the group);
+            ``"ring"``: the same, summed around a ring while the next chunk is multiplied.
         seq_dim: the sequence dimension of the output under sequence parallelism.
         conv1d_layout: ``weight`` is stored ``(in, out)`` as in transformers' ``Conv1D``.
     """
@@ -477,6 +488,9 @@ class Linear1D_Row(_Linear1D):
                 )
             weight = self.weight.t() if self.conv1d_layout else self.weight
             y = chunked_row_linear(x, weight, self.stream_chunk_num, self.process_group)
+        elif self.seq_parallel_mode == "ring":
+            weight = self.weight.t() if self.conv1d_layout else self.weight
+            y = ring_linear_reduce_scatter(x, weight, self.process_group, self.seq_dim)
         else:
             y = self._matmul(x, None)
             if self.seq_parallel_mode is not None:
