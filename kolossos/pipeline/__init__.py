@@ -13,6 +13,7 @@ from kolossos.pipeline.partition import (
     partition_layers,
     partition_uniform,
 )
+from kolossos.pipeline.pipelinable import PipelinableContext, PipelinableModel
 from kolossos.pipeline.schedule import (
     GPipeSchedule,
     InterleavedSchedule,
@@ -29,6 +30,8 @@ __all__ = [
     "GPipeSchedule",
     "InterleavedSchedule",
     "OneForwardOneBackwardSchedule",
+    "PipelinableContext",
+    "PipelinableModel",
     "PipelineP2P",
     "PipelineP2PCommunication",
     "PipelineSchedule",

@@ -12,10 +12,16 @@ from kolossos.logging import get_dist_logger
 from kolossos.pipeline.partition import partition_layers
 from kolossos.pipeline.stage_manager import PipelineStageManager
 
-__all__ = ["build_pipeline_model"]
+__all__ = ["build_pipeline_model", "keep_layers", "named_layers"]
 
 
-def _named_layers(model: nn.Module | Sequence[nn.Module]) -> list[tuple[str, nn.Module]]:
+def named_layers(model: nn.Module | Sequence[nn.Module]) -> list[tuple[str, nn.Module]]:
+    """``(name, layer)`` of an ``nn.Sequential`` / ``nn.ModuleList`` (its children) or of a list
+    of layers (named by index).
+
+    Raises:
+        TypeError: anything else.
+    """
     if isinstance(model, (nn.Sequential, nn.ModuleList)):
         return list(model.named_children())
     if isinstance(model, Sequence) and all(isinstance(m, nn.Module) for m in model):
@@ -50,7 +56,7 @@ def build_pipeline_model(
         With one chunk, an ``nn.Sequential`` of this rank's layers (keeping their names, so its
         ``state_dict`` keys match the full model's); otherwise an ``nn.ModuleList`` of them.
     """
-    layers = _named_layers(sequential_model)
+    layers = named_layers(sequential_model)
     if stage_manager is None:
         stage_manager = PipelineStageManager.default(num_model_chunks=num_chunks)
     if stage_manager.num_model_chunks != num_chunks:
@@ -61,8 +67,17 @@ def build_pipeline_model(
     parts = partition_layers([m for _, m in layers], stage_manager.pp_size, num_chunks,
                              method=method, layers_per_stage=layers_per_stage,
                              layout=stage_manager.layout)[stage_manager.stage]  # fmt: skip
-    chunks = [nn.Sequential(OrderedDict(layers[start:end])) for start, end in parts]
     if verbose:
         ranges = ", ".join(f"chunk {c}: layers {s}-{e}" for c, (s, e) in enumerate(parts))
         get_dist_logger().info(f"pipeline rank {stage_manager.stage}: {ranges}")
-    return chunks[0] if num_chunks == 1 else nn.ModuleList(chunks)
+    return keep_layers(layers, parts)
+
+
+def keep_layers(
+    layers: Sequence[tuple[str, nn.Module]], parts: Sequence[tuple[int, int]]
+) -> nn.Module:
+    """One rank's chunks: an ``nn.Sequential`` of ``layers[start:end]`` per ``(start, end)`` in
+    ``parts`` (keeping the layers' names, so ``state_dict`` keys match the whole model's); the
+    single chunk itself, or an ``nn.ModuleList`` of several."""
+    chunks = [nn.Sequential(OrderedDict(layers[start:end])) for start, end in parts]
+    return chunks[0] if len(chunks) == 1 else nn.ModuleList(chunks)

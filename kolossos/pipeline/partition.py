@@ -77,6 +77,22 @@ def balanced_bounds(weights: Sequence[float], num_stages: int) -> Bounds:
     return bounds[::-1]
 
 
+def chunked_uniform_bounds(num_layers: int, pipeline_size: int, num_chunks: int) -> Bounds:
+    """Uniform stage ranges, model chunk by model chunk (Colossal-AI's ``partition_uniform``):
+    the layers are first cut into ``num_chunks`` contiguous parts whose sizes differ by at most
+    one, then each part into ``pipeline_size`` stages the same way (later parts and stages take
+    the extra layers). With one chunk this is :func:`uniform_bounds`.
+
+    Example:
+        >>> chunked_uniform_bounds(6, 2, 2)
+        [(0, 1), (1, 3), (3, 4), (4, 6)]
+    """
+    bounds: Bounds = []
+    for start, end in uniform_bounds(num_layers, num_chunks):
+        bounds += [(start + a, start + b) for a, b in uniform_bounds(end - start, pipeline_size)]
+    return bounds
+
+
 def bounds_from_counts(layers_per_stage: Sequence[int], num_layers: int) -> Bounds:
     """Ranges from an explicit number of layers per stage.
 
@@ -108,14 +124,22 @@ def partition_uniform(
     num_layers: int, pipeline_size: int, num_chunks: int = 1, layout: str = "loop"
 ) -> list[Bounds]:
     """Per rank, the ``(start, end)`` layer range (``end`` exclusive) of each of its chunks, from
-    a uniform split. ``start == 0`` marks the first stage and ``end == num_layers`` the last.
+    a uniform split (:func:`chunked_uniform_bounds`: chunk by chunk, as Colossal-AI's
+    ``colossalai.builder.pipeline.partition_uniform``). ``start == 0`` marks the first stage and
+    ``end == num_layers`` the last.
+
+    Raises:
+        ValueError: fewer layers than stages (``pipeline_size * num_chunks``), or a bad layout.
 
     Example:
         >>> partition_uniform(8, 2, 2)
         [[(0, 2), (4, 6)], [(2, 4), (6, 8)]]
+        >>> partition_uniform(5, 2, 1)
+        [[(0, 2)], [(2, 5)]]
     """
-    stages = _stages(pipeline_size, num_chunks, layout, num_layers)
-    return per_rank(uniform_bounds(num_layers, stages), pipeline_size, num_chunks, layout)
+    _stages(pipeline_size, num_chunks, layout, num_layers)
+    bounds = chunked_uniform_bounds(num_layers, pipeline_size, num_chunks)
+    return per_rank(bounds, pipeline_size, num_chunks, layout)
 
 
 def partition_balanced(
@@ -153,7 +177,7 @@ def partition_layers(
             )
         bounds = bounds_from_counts(layers_per_stage, n)
     elif method == "uniform":
-        bounds = uniform_bounds(n, stages)
+        bounds = chunked_uniform_bounds(n, pipeline_size, num_chunks)
     elif method == "balanced":
         weights = [sum(p.numel() for p in layer.parameters()) for layer in layers]
         bounds = balanced_bounds(weights, stages)

@@ -1,5 +1,6 @@
 """Utilities the documented scripts import: devices, seeding, rank-0 printing, timers,
-checkpoints, ``conditional_context``, and the legacy data loader.
+checkpoints, activation checkpointing (``checkpoint``), ``conditional_context``, and the legacy
+data loader.
 
 ``save_checkpoint`` / ``load_checkpoint`` live in :mod:`kolossos.legacy.utils.checkpoint`,
 ``get_dataloader``, ``DataParallelSampler`` and ``is_using_pp`` / ``is_using_ddp`` /
@@ -28,10 +29,12 @@ if TYPE_CHECKING:
         is_using_sequence,
     )
     from kolossos.legacy.utils.checkpoint import load_checkpoint, save_checkpoint
+    from kolossos.utils.activation_checkpoint import checkpoint
 
 _CHECKPOINT = "kolossos.legacy.utils.checkpoint"
 _LEGACY_UTILS = "kolossos.legacy.utils"
 _LAZY = {
+    "checkpoint": ("kolossos.utils.activation_checkpoint", "checkpoint"),
     "load_checkpoint": (_CHECKPOINT, "load_checkpoint"),
     "save_checkpoint": (_CHECKPOINT, "save_checkpoint"),
     **{
@@ -50,6 +53,7 @@ __all__ = [
     "DataParallelSampler",
     "MultiTimer",
     "Timer",
+    "checkpoint",
     "conditional_context",
     "get_current_device",
     "get_dataloader",

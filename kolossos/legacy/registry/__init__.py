@@ -1,11 +1,13 @@
 """Colossal-AI's legacy registries (``colossalai.registry``): name → class tables a config can
-refer to. ``DIST_GROUP_INITIALIZER`` holds the process-group initializers."""
+refer to. ``DIST_GROUP_INITIALIZER`` holds the process-group initializers;
+:func:`build_from_registry` builds ``dict(type='Name', **kwargs)`` entries from one."""
 
 from __future__ import annotations
 
 import torch.nn as nn
 import torch.optim as optim
 
+from kolossos.legacy.registry.build import build_from_config, build_from_registry
 from kolossos.legacy.registry.registry import Registry
 
 __all__ = [
@@ -23,6 +25,8 @@ __all__ = [
     "SCHEDULE",
     "TRANSFORMS",
     "Registry",
+    "build_from_config",
+    "build_from_registry",
 ]
 
 LAYERS = Registry("layers", third_party_library=[nn])

@@ -47,7 +47,7 @@ class InterleavedPipelineSchedule(PipelineSchedule):
         num_model_chunks: chunks per pipeline rank (the config's ``model=dict(num_chunks=...)``).
         data_process_func: as :class:`PipelineSchedule`.
         tensor_shape: as :class:`PipelineSchedule`.
-        scatter_gather_tensors: as :class:`PipelineSchedule` (a no-op).
+        scatter_gather_tensors: as :class:`PipelineSchedule`.
         tensor_dtype: as :class:`PipelineSchedule`.
 
     Raises:

@@ -27,7 +27,8 @@ from kolossos.legacy.engine.schedule.pipeline_executor import (
     forward_only_table,
     stage_chunks,
 )
-from kolossos.pipeline.p2p import PipelineP2P
+from kolossos.legacy.engine.schedule.scatter_gather import ScatterGatherP2P
+from kolossos.pipeline.p2p import P2PStats, PipelineP2P
 from kolossos.pipeline.schedule.registry import build_table
 from kolossos.pipeline.schedule.table import ScheduleTable
 
@@ -57,6 +58,12 @@ def _shape(tensor_shape: Any) -> torch.Size | None:
     return torch.Size(tensor_shape)
 
 
+def _tp_1d_size() -> int:
+    if not gpc.is_initialized(ParallelMode.PARALLEL_1D):
+        return 1
+    return gpc.get_world_size(ParallelMode.PARALLEL_1D)
+
+
 class PipelineSchedule(BaseSchedule):
     """Non-interleaved 1F1B over the pipeline stages (Colossal-AI's ``PipelineSchedule``).
 
@@ -74,8 +81,11 @@ class PipelineSchedule(BaseSchedule):
         tensor_shape: the shape of the activation between stages for one micro-batch (the
             config's ``TENSOR_SHAPE``): nothing but the tensor travels. ``None``: the shapes are
             sent with the first micro-batch of each step (they may change between steps).
-        scatter_gather_tensors: accepted for Colossal-AI's signature; a no-op (kolossos sends the
-            whole activation even under 1D tensor parallelism).
+        scatter_gather_tensors: under 1D tensor parallelism (``gpc``'s ``PARALLEL_1D`` group
+            larger than one; ignored otherwise, as upstream), each rank sends ``1/tp`` of every
+            activation and gradient and the receiving tensor group all-gathers them
+            (:mod:`.scatter_gather`). ``kolossos.initialize`` turns it on under
+            ``tensor=dict(mode='1d')``.
         tensor_dtype: the activation dtype with ``tensor_shape`` (kolossos' addition; default:
             inferred from the stage, fp32 unless the stage computes in another dtype).
 
@@ -112,10 +122,12 @@ class PipelineSchedule(BaseSchedule):
         super().__init__(cast(Any, data_process_func))
         self.num_microbatches = _positive_int("num_microbatches", num_microbatches)
         self.tensor_shape = _shape(tensor_shape)
-        self.scatter_gather_tensors = bool(scatter_gather_tensors)
+        self.scatter_gather_tensors = bool(scatter_gather_tensors) and _tp_1d_size() > 1
         self.dtype: torch.dtype | None = tensor_dtype
         self._stage_func: StageDataFunc | None = data_process_func
         self._tables: dict[tuple[int, bool], ScheduleTable] = {}
+        self.last_p2p_stats: P2PStats | None = None
+        """what the last step sent and received (bytes, messages)"""
 
     # --- the pipeline seen from this rank ----------------------------------------------------
     @staticmethod
@@ -149,6 +161,19 @@ class PipelineSchedule(BaseSchedule):
                                 self.num_model_chunks)  # fmt: skip
             self._tables[key] = forward_only_table(table) if forward_only else table
         return self._tables[key]
+
+    def _p2p(self, group: Any, shape: tuple[int, ...] | None, dtype: torch.dtype) -> PipelineP2P:
+        """The step's point-to-point layer (slices under ``scatter_gather_tensors``)."""
+        if not self.scatter_gather_tensors:
+            return PipelineP2P(group, tensor_shape=shape, tensor_dtype=dtype)
+        return ScatterGatherP2P(
+            group,
+            tp_group=gpc.get_group(ParallelMode.PARALLEL_1D),
+            tp_rank=gpc.get_local_rank(ParallelMode.PARALLEL_1D),
+            tp_size=gpc.get_world_size(ParallelMode.PARALLEL_1D),
+            tensor_shape=shape,
+            tensor_dtype=dtype,
+        )
 
     def _set_chunk(self, chunk: int) -> None:
         """Hook before each chunk's forward (the interleaved schedule sets gpc's virtual rank)."""
@@ -189,7 +214,7 @@ class PipelineSchedule(BaseSchedule):
         # batch may change size between steps (the last batch of an epoch, eval batches)
         shape = None if self.tensor_shape is None else tuple(self.tensor_shape)
         dtype = self.dtype or activation_dtype(chunks[0])
-        p2p = PipelineP2P(group, tensor_shape=shape, tensor_dtype=dtype)
+        p2p = self._p2p(group, shape, dtype)
         options = StepOptions(
             num_microbatches=self.num_microbatches,
             forward_only=forward_only,
@@ -202,6 +227,7 @@ class PipelineSchedule(BaseSchedule):
                                       options)  # fmt: skip
         with torch.no_grad() if forward_only else contextlib.nullcontext():
             executor.run(keep_outputs=return_output_label)  # SYNC POINT: stage-to-stage p2p
+        self.last_p2p_stats = p2p.stats
         if position != size - 1:
             return None, None, None
         loss = torch.stack(executor.losses).sum().reshape(1) if return_loss else None

@@ -12,10 +12,13 @@ Colossal-AI's ``PipelineSchedule`` does:
   micro_batch) -> (data, label)`` replaces these rules.
 * **Calling a stage.** A tensor is passed positionally, a list/tuple unpacked, a dict as keyword
   arguments (with its ``"stage_output"`` entry, if any, first and positionally).
+* **A stage's output.** Every stage but the last returns one tensor (the docs' rule), checked
+  before it is sent (:func:`check_stage_output`).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +26,8 @@ import torch
 
 __all__ = [
     "call_stage",
+    "check_stage_inputs",
+    "check_stage_output",
     "data_and_label",
     "merge_micro",
     "split_micro_batches",
@@ -144,6 +149,59 @@ def call_stage(stage: Callable[..., Any], data: Any) -> Any:
     raise TypeError(
         f"stage inputs must be a tensor, list, tuple or dict, got {type(data).__name__}; return "
         "one of these from data_process_func."
+    )
+
+
+def check_stage_inputs(
+    stage_fn: Callable[..., Any], data: Any, stage: int, pipeline_rank: int
+) -> None:
+    """The docs' rule for dict batches: every stage takes the dict's entries as keyword
+    arguments, so its ``forward`` must name them (or take ``**kwargs``).
+
+    Raises:
+        TypeError: ``forward`` takes none of that name (raised before the stage runs).
+    """
+    if not isinstance(data, dict):
+        return
+    try:
+        params = inspect.signature(stage_fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to check: let the call decide
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    missing = [k for k in data if k != "stage_output" and k not in names]
+    if missing:
+        raise TypeError(
+            f"pipeline stage {stage} (pipeline rank {pipeline_rank}) gets the dict batch's "
+            f"entries {missing} as keyword arguments, but its forward does not take them; every "
+            "stage's forward must name every key of the batch dict (e.g. forward(self, "
+            "hidden_states=None, input_ids=None, attention_mask=None)) or take **kwargs."
+        )
+
+
+def check_stage_output(output: Any, stage: int, num_stages: int, pipeline_rank: int) -> None:
+    """The docs' rule: a stage that is not the last returns a single tensor.
+
+    Args:
+        output: what the stage's forward returned.
+        stage: its virtual stage (``chunk * pipeline_size + pipeline_rank``).
+        num_stages: the number of virtual stages.
+        pipeline_rank: this process's pipeline rank.
+
+    Raises:
+        TypeError: ``output`` is not a tensor (raised before anything is sent).
+    """
+    if stage == num_stages - 1 or isinstance(output, torch.Tensor):
+        return
+    kind = type(output).__name__
+    if isinstance(output, (list, tuple)):
+        kind = f"a {kind} of {len(output)} items"
+    raise TypeError(
+        f"pipeline stage {stage} of {num_stages} (pipeline rank {pipeline_rank}) returned {kind}; "
+        "every stage but the last must return a single tensor (the next stage's first "
+        "positional input). Return only the activation, and pass the other inputs (e.g. an "
+        "attention mask) to every stage through a dict batch, as keyword arguments."
     )
 
 

@@ -23,7 +23,13 @@ from kolossos.amp.fp16_module import FP16Module
 from kolossos.booster.mixed_precision.mixed_precision_base import AutocastModel
 from kolossos.interface import ModelWrapper
 from kolossos.legacy.engine.schedule.base import BaseSchedule
-from kolossos.legacy.engine.schedule.pipeline_data import StageDataFunc, call_stage, data_and_label
+from kolossos.legacy.engine.schedule.pipeline_data import (
+    StageDataFunc,
+    call_stage,
+    check_stage_inputs,
+    check_stage_output,
+    data_and_label,
+)
 from kolossos.pipeline.p2p import PipelineP2P
 from kolossos.pipeline.schedule.executor import ScheduleExecutor, _as_tensors, _State
 from kolossos.pipeline.schedule.microbatch import detach_all
@@ -101,7 +107,7 @@ def stage_chunks(model: Any, num_chunks: int, schedule: str) -> list[nn.Module]:
             f"{schedule} runs {num_chunks} model chunk(s) per pipeline rank but engine.model "
             f"holds {got}; pass this rank's chunks as an nn.ModuleList of {num_chunks} modules "
             "(chunk c of pipeline rank r is virtual stage c * pipeline_size + r), or change "
-            "num_model_chunks (the config's model=dict(num_chunks=...))."
+            "num_model_chunks (the config's NUM_CHUNKS or model=dict(num_chunks=...))."
         )
     return chunks
 
@@ -184,7 +190,9 @@ class LegacyStepExecutor(ScheduleExecutor):
             stage_output = tuple(inputs) if is_tuple else inputs[0]
         data, label = data_and_label(stage_output, self.mbs[i], stage == 0, opt.data_func)
         opt.on_chunk(c)
+        check_stage_inputs(self.chunks[c].forward, data, stage, self.pos)
         out = call_stage(self.chunks[c], data)
+        check_stage_output(out, stage, self.t.num_stages, self.pos)
         if stage == self.t.num_stages - 1:
             loss = None
             if opt.return_loss:

@@ -1,8 +1,9 @@
 """Which step schedule ``kolossos.initialize`` gives the Engine, from the launch config, as
 Colossal-AI does: :class:`NonPipelineSchedule` without pipeline parallelism; with
 ``parallel.pipeline > 1``, :class:`InterleavedPipelineSchedule` when the config has
-``model=dict(num_chunks=...)``, else :class:`PipelineSchedule`, both with ``NUM_MICRO_BATCHES``
-and ``TENSOR_SHAPE``. Also the gradient-handler entries pipeline parallelism needs."""
+``model=dict(num_chunks=...)`` or ``NUM_CHUNKS > 1``, else :class:`PipelineSchedule`, both with
+``NUM_MICRO_BATCHES``, ``TENSOR_SHAPE`` and, under ``tensor=dict(mode='1d')``,
+``scatter_gather_tensors``. Also the gradient-handler entries pipeline parallelism needs."""
 
 from __future__ import annotations
 
@@ -26,10 +27,34 @@ SHARED_HANDLER = "PipelineSharedModuleGradientHandler"
 
 
 def _num_chunks(config: Mapping[str, Any]) -> int | None:
+    """The interleaved chunk count: ``model.num_chunks`` (upstream's key, any value), or
+    ``NUM_CHUNKS`` when above 1 (the docs' key); ``None``: not interleaved.
+
+    Raises:
+        ValueError: a value that is not a positive int, or the two keys disagree.
+    """
     model = config.get("model")
+    from_model = None
     if isinstance(model, Mapping) and "num_chunks" in model:
-        return _positive_int("model.num_chunks", model["num_chunks"])
-    return None
+        from_model = _positive_int("model.num_chunks", model["num_chunks"])
+    from_key = config.get("NUM_CHUNKS")
+    if from_key is not None:
+        from_key = _positive_int("NUM_CHUNKS", from_key)
+        if from_model is not None and from_model != from_key:
+            raise ValueError(
+                f"NUM_CHUNKS={from_key} and model.num_chunks={from_model} disagree; set one of "
+                "them (the model chunks per pipeline rank)."
+            )
+        if from_key == 1:
+            return from_model
+    return from_model if from_model is not None else from_key
+
+
+def _scatter_gather(config: Mapping[str, Any]) -> bool:
+    """Upstream's rule: scatter/gather the activations under 1D tensor parallelism."""
+    parallel = config.get("parallel")
+    tensor = parallel.get("tensor") if isinstance(parallel, Mapping) else None
+    return isinstance(tensor, Mapping) and tensor.get("mode") == "1d"
 
 
 def check_pipeline_config(config: Mapping[str, Any], pipeline_size: int) -> None:
@@ -38,8 +63,9 @@ def check_pipeline_config(config: Mapping[str, Any], pipeline_size: int) -> None
 
     Raises:
         ValueError: ``NUM_MICRO_BATCHES`` missing or not a positive int, ``model.num_chunks``
-            not a positive int, a micro-batch count that is not a multiple of the pipeline size
-            for the interleaved schedule, or a bad ``TENSOR_SHAPE``.
+            or ``NUM_CHUNKS`` not a positive int (or the two disagree), a micro-batch count
+            that is not a multiple of the pipeline size for the interleaved schedule, or a bad
+            ``TENSOR_SHAPE``.
         TypeError: ``TENSOR_SHAPE`` is not a sequence of ints.
         NotImplementedError: ``gradient_accumulation`` together with pipeline parallelism.
     """
@@ -69,7 +95,7 @@ def build_schedule(config: Mapping[str, Any], pipeline_size: int = 1) -> BaseSch
 
     Args:
         config: the launch config (reads ``NUM_MICRO_BATCHES``, ``TENSOR_SHAPE``,
-            ``model.num_chunks``).
+            ``model.num_chunks``, ``NUM_CHUNKS``, ``parallel.tensor.mode``).
         pipeline_size: ``gpc.pipeline_parallel_size``.
 
     Raises:
@@ -87,9 +113,12 @@ def build_schedule(config: Mapping[str, Any], pipeline_size: int = 1) -> BaseSch
     micro = config["NUM_MICRO_BATCHES"]
     shape = config.get("TENSOR_SHAPE")
     chunks = _num_chunks(config)
+    gather = _scatter_gather(config)
     if chunks is not None:
-        return InterleavedPipelineSchedule(micro, chunks, tensor_shape=shape)
-    return PipelineSchedule(micro, tensor_shape=shape)
+        return InterleavedPipelineSchedule(
+            micro, chunks, tensor_shape=shape, scatter_gather_tensors=gather
+        )
+    return PipelineSchedule(micro, tensor_shape=shape, scatter_gather_tensors=gather)
 
 
 def has_shared_parameters(model: nn.Module) -> bool:
