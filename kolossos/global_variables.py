@@ -1,5 +1,5 @@
 """Colossal-AI's old import path ``colossalai.global_variables``."""
 
-from kolossos.legacy.global_variables import TensorParallelEnv, tensor_parallel_env
+from kolossos.legacy.global_variables import TensorParallelEnv, moe_env, tensor_parallel_env
 
-__all__ = ["TensorParallelEnv", "tensor_parallel_env"]
+__all__ = ["TensorParallelEnv", "moe_env", "tensor_parallel_env"]

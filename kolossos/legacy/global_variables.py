@@ -1,11 +1,14 @@
 """Colossal-AI's legacy process-wide settings: ``tensor_parallel_env``, written by the
-process-group initializers and read by the legacy tensor-parallel layers."""
+process-group initializers and read by the legacy tensor-parallel layers, and ``moe_env``, the
+MoE settings (:data:`kolossos.moe.MOE_CONTEXT`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TensorParallelEnv", "tensor_parallel_env"]
+from kolossos.moe.context import MOE_CONTEXT as moe_env
+
+__all__ = ["TensorParallelEnv", "moe_env", "tensor_parallel_env"]
 
 
 class TensorParallelEnv:

@@ -33,6 +33,7 @@ from kolossos.legacy.engine.zero import ZeroSettings
 from kolossos.legacy.registry import GRADIENT_HANDLER
 from kolossos.legacy.utils import is_using_sequence
 from kolossos.logging import get_dist_logger
+from kolossos.moe import expert_parallel_grad_norm, is_moe_param, sync_moe_params
 
 __all__ = ["initialize"]
 
@@ -104,12 +105,16 @@ def _broadcast_from_first_data_rank(
     model: nn.Module, mode: ParallelMode = ParallelMode.DATA
 ) -> None:
     """Make every replica in ``mode`` (DATA; SEQUENCE_DP under sequence parallelism, where all
-    ranks of a stage hold the whole model) start from the same weights (a collective)."""
+    ranks of a stage hold the whole model) start from the same weights (a collective). Expert
+    parameters differ across their expert-parallel group: each is broadcast over its own
+    expert data-parallel group instead."""
     group = gpc.get_group(mode)
     src = gpc.get_ranks_in_group(mode)[0]
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(tensor.data, src=src, group=group)  # SYNC POINT
+            if not is_moe_param(tensor):
+                dist.broadcast(tensor.data, src=src, group=group)  # SYNC POINT
+    sync_moe_params(model)
 
 
 def _sequence_parallel_reduction(
@@ -159,7 +164,8 @@ def initialize(
     size above 1 and no handler, the model is wrapped in torch DDP over ``ParallelMode.DATA``
     (with ``AMP_TYPE.NAIVE``, ``DataParallelGradientHandler`` is used instead, as upstream);
     under ``parallel.tensor mode='sequence'``, over ``ParallelMode.SEQUENCE_DP`` (or
-    ``SequenceParallelGradientHandler``).
+    ``SequenceParallelGradientHandler``). A model with expert parameters (``kolossos.moe``) gets
+    ``MoeGradientHandler`` and a gradient norm summed over the expert-parallel groups.
 
     Args:
         model: the model, or a function building it (moved to the accelerator's device).
@@ -197,6 +203,13 @@ def initialize(
 
     model, optim = _build_model_and_optimizer(model, optimizer)
     dp_size = gpc.get_world_size(ParallelMode.DATA)
+    has_experts = any(is_moe_param(p) for p in model.parameters())
+    if has_experts and config.zero is not None:
+        raise NotImplementedError(
+            "zero=dict(...) with a MoE model: ZeRO through kolossos.initialize shards every "
+            "parameter over the data-parallel world, but expert parameters are replicated only "
+            "over their MoE data group; drop zero for MoE models."
+        )
     if is_using_sequence():
         _broadcast_from_first_data_rank(model, ParallelMode.SEQUENCE_DP)
     elif dp_size > 1:
@@ -215,6 +228,8 @@ def initialize(
         model, entries, note = _sequence_parallel_reduction(model, config)
         if verbose:
             logger.info(f"sequence parallelism: gradients reduced by {note}", ranks=[0])
+    elif entries is None and has_experts and dp_size > 1:
+        entries = [dict(type="MoeGradientHandler")]  # experts average over their own groups
     elif entries is None and dp_size > 1:
         if config.amp_mode is AMP_TYPE.NAIVE or gpc.pipeline_parallel_size > 1:
             entries = [dict(type="DataParallelGradientHandler")]
@@ -231,7 +246,7 @@ def initialize(
             logger.info(f"data parallel size {dp_size}: gradients reduced by {note}", ranks=[0])
     wrapped = optim if isinstance(optim, OptimizerWrapper) else OptimizerWrapper(optim)
     if config.zero is None:  # the ZeRO optimizers compute their own global norm
-        wrapped.grad_norm_fn = model_parallel_grad_norm()
+        wrapped.grad_norm_fn = expert_parallel_grad_norm(model) or model_parallel_grad_norm()
     entries = with_pipeline_handlers(entries, model)  # shared (tied) pipeline parameters
     handlers = None if entries is None else _build_handlers(entries, model, wrapped)
 

@@ -77,12 +77,12 @@ IMPORTS = {
     "kolossos.context.process_group_initializer": (
         "ProcessGroupInitializer Initializer_1D Initializer_2D Initializer_2p5D Initializer_3D "
         "Initializer_Data Initializer_Model Initializer_Pipeline Initializer_Sequence "
-        "Initializer_Tensor"
+        "Initializer_Tensor Initializer_Moe"
     ),
     "kolossos.registry": "DIST_GROUP_INITIALIZER GRADIENT_HANDLER MODELS LAYERS Registry",
     "kolossos.legacy.registry": "DIST_GROUP_INITIALIZER GRADIENT_HANDLER MODELS LAYERS",
     "kolossos.constants": "INITIALIZER_MAPPING ALLOWED_MODES",
-    "kolossos.global_variables": "tensor_parallel_env",
+    "kolossos.global_variables": "tensor_parallel_env moe_env",
 }
 
 
@@ -108,3 +108,4 @@ def test_one_object_behind_every_path() -> None:
     members = {m.name for m in ParallelMode}
     assert {"GLOBAL", "DATA", "MODEL", "PIPELINE", "TENSOR", "SEQUENCE", "SEQUENCE_DP"} <= members
     assert {"PARALLEL_3D_INPUT_X_WEIGHT", "PARALLEL_2P5D_XZ", "PARALLEL_1D"} <= members
+    assert {"MOE_MODEL", "MOE_DATA"} <= members

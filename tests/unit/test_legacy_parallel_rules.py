@@ -50,9 +50,13 @@ def test_broken_rules_are_clear_errors(parallel: object, world: int, match: str)
         parse_parallel(parallel, world)
 
 
-def test_moe_is_refused_by_name() -> None:
-    with pytest.raises(NotImplementedError, match=r"parallel\.moe"):
-        parse_parallel(dict(moe=dict(size=2)), 4)
+def test_moe_size_is_read_and_checked() -> None:
+    assert parse_parallel(dict(moe=dict(size=2)), 4).moe_size == 2
+    assert parse_parallel(None, 4).moe_size is None
+    with pytest.raises(NotImplementedError, match=r"moe \(size 2\) with tensor size 2"):
+        parse_parallel(dict(moe=dict(size=2), tensor=dict(size=2, mode="1d")), 4)
+    with pytest.raises(ValueError, match=r"moe size 3 must divide the data-parallel size 4"):
+        parse_parallel(dict(moe=dict(size=3)), 4)
 
 
 # Expected layouts, computed by hand from Colossal-AI's v0.2.8 initializers.

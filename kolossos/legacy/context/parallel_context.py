@@ -27,6 +27,7 @@ from kolossos.legacy.context.random import add_seed, set_mode
 from kolossos.legacy.context.reserved_keys import check_config_keys
 from kolossos.legacy.global_variables import tensor_parallel_env as env
 from kolossos.legacy.registry import DIST_GROUP_INITIALIZER
+from kolossos.moe import MOE_CONTEXT
 
 __all__ = ["ParallelContext", "global_context"]
 
@@ -236,7 +237,7 @@ class ParallelContext:
 
     def init_parallel_groups(self) -> None:
         """Create the groups of the ``parallel`` config: DATA, MODEL, PIPELINE (if > 1),
-        TENSOR, then the tensor mode's own groups.
+        TENSOR, then the tensor mode's own groups, then MOE_MODEL and MOE_DATA.
 
         COLLECTIVE over the world: every rank must call it, in the same place.
 
@@ -259,6 +260,10 @@ class ParallelContext:
         plan.append(("tensor", {}))
         if layout.tensor_mode is not None:
             plan.append((layout.tensor_mode, dict(layout.tensor_kwargs)))
+        if layout.moe_size is not None:
+            plan.append(("moe", dict(moe_size=layout.moe_size)))
+        else:  # no stale expert groups of an earlier launch
+            MOE_CONTEXT.set_parallel_info(None)
         sizes = (layout.data_size, layout.pipeline_size, layout.tensor_size)
         for key, kwargs in plan:
             cls = DIST_GROUP_INITIALIZER.get_module(INITIALIZER_MAPPING[key])

@@ -38,3 +38,5 @@ class ParallelMode(Enum):
     PARALLEL_2P5D_COL = "2p5d_col"
     PARALLEL_2P5D_DEP = "2p5d_dep"
     PARALLEL_2P5D_XZ = "2p5d_xz"
+    MOE_MODEL = "moe_model"  # parallel.moe: consecutive ranks sharing out the experts
+    MOE_DATA = "moe_data"  # the ranks holding the same experts (expert gradients)

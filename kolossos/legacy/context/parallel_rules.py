@@ -3,7 +3,9 @@
 ``parallel = dict(data=..., pipeline=2 | dict(size=2), tensor=dict(size=4, mode="2d"))``:
 everything is optional, sizes default to 1, the data-parallel size is inferred as
 ``world_size // (pipeline * tensor)``, and a tensor size above 1 needs a mode whose size rule
-holds (2D: q², 2.5D: q²·depth, 3D: q³).
+holds (2D: q², 2.5D: q²·depth, 3D: q³). ``moe=dict(size=E)`` spreads each MoE layer's experts
+over ``E`` consecutive data-parallel ranks (it must divide the data-parallel size; MoE is
+incompatible with tensor parallelism, as documented, and not built with pipeline stages).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class ParallelLayout:
     tensor_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """The other keys of ``parallel.tensor`` (``depth`` for 2.5D; anything for a user mode),
     forwarded to the mode's initializer."""
+    moe_size: int | None = None
+    """``parallel.moe.size``: the expert-parallel size (``None``: no MoE groups)."""
 
     def __post_init__(self) -> None:
         product = self.data_size * self.pipeline_size * self.tensor_size
@@ -151,7 +155,7 @@ def parse_parallel(parallel: Any, world_size: int) -> ParallelLayout:
 
     Raises:
         ValueError: any broken rule, naming the value, the rule and the fix.
-        NotImplementedError: ``parallel.moe`` (MoE groups are not built yet).
+        NotImplementedError: ``parallel.moe`` with tensor or pipeline parallelism.
 
     Example:
         >>> parse_parallel(dict(pipeline=2, tensor=dict(size=2, mode="1d")), 8).data_size
@@ -166,15 +170,11 @@ def parse_parallel(parallel: Any, world_size: int) -> ParallelLayout:
             f"parallel config: parallel={parallel!r} must be a dict, e.g. "
             "dict(pipeline=2, tensor=dict(size=2, mode='1d'))."
         )
-    if "moe" in parallel:
-        raise NotImplementedError(
-            "parallel config: parallel.moe is not supported by kolossos' legacy context yet; "
-            "remove it (use kolossos.moe with the Booster instead)."
-        )
-    unknown = sorted(set(parallel) - {"data", "pipeline", "tensor"})
+    unknown = sorted(set(parallel) - {"data", "pipeline", "tensor", "moe"})
     if unknown:
         raise ValueError(
-            f"parallel config: unknown keys {unknown}; parallel takes data, pipeline and tensor."
+            f"parallel config: unknown keys {unknown}; parallel takes data, pipeline, tensor "
+            "and moe."
         )
     pipeline = _size(parallel.get("pipeline", 1), "pipeline")
     tensor, mode, kwargs = _tensor(parallel.get("tensor", 1))
@@ -193,6 +193,7 @@ def parse_parallel(parallel: Any, world_size: int) -> ParallelLayout:
             f"(pipeline {pipeline} x tensor {tensor}) = {data}; the data size is inferred, so "
             "drop it or fix it."
         )
+    moe = _moe_size(parallel["moe"], data, pipeline, tensor) if "moe" in parallel else None
     return ParallelLayout(
         world_size=world_size,
         data_size=data,
@@ -200,4 +201,24 @@ def parse_parallel(parallel: Any, world_size: int) -> ParallelLayout:
         tensor_size=tensor,
         tensor_mode=mode,
         tensor_kwargs=kwargs,
+        moe_size=moe,
     )
+
+
+def _moe_size(raw: Any, data: int, pipeline: int, tensor: int) -> int:
+    """``parallel.moe``'s size, checked against the other sizes."""
+    size = _size(raw, "moe")
+    if tensor > 1 or pipeline > 1:
+        raise NotImplementedError(
+            f"parallel config: moe (size {size}) with tensor size {tensor} and pipeline size "
+            f"{pipeline}: MoE is incompatible with tensor parallelism (as documented) and "
+            "kolossos' legacy context does not build it with pipeline stages; drop "
+            "parallel.tensor and parallel.pipeline."
+        )
+    if data % size:
+        raise ValueError(
+            f"parallel config: moe size {size} must divide the data-parallel size {data} "
+            f"(consecutive ranks form an expert-parallel group); launch a multiple of {size} "
+            "processes or change moe=dict(size=...)."
+        )
+    return size

@@ -1,5 +1,6 @@
 """Colossal-AI's process-group initializers: the base class and the built-in modes."""
 
+from kolossos.legacy.context.process_group_initializer.initializer_moe import Initializer_Moe
 from kolossos.legacy.context.process_group_initializer.initializers import (
     Initializer_1D,
     Initializer_2D,
@@ -24,6 +25,7 @@ __all__ = [
     "Initializer_3D",
     "Initializer_Data",
     "Initializer_Model",
+    "Initializer_Moe",
     "Initializer_Pipeline",
     "Initializer_Sequence",
     "Initializer_Tensor",

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from kolossos.accelerator import get_accelerator
 from kolossos.legacy.context.parallel_mode import ParallelMode
 from kolossos.legacy.context.random.seed_manager import SeedManager
+from kolossos.moe import context as moe
 
 __all__ = [
     "add_seed",
@@ -107,8 +108,10 @@ def with_seed(func: F, parallel_mode: Hashable) -> F:
 
 
 def moe_set_seed(seed: int) -> None:
-    """Give every rank its own ``TENSOR`` stream, ``seed + global rank`` (MoE experts differ
-    per rank)."""
+    """Seed the MoE experts (:func:`kolossos.moe.moe_set_seed`: expert ``g`` starts from
+    ``seed + g``, so the experts differ per rank yet match at any expert-parallel size), and
+    give every rank its own ``TENSOR`` stream, ``seed + global rank``, as Colossal-AI does."""
+    moe.moe_set_seed(seed)
     rank = dist.get_rank() if dist.is_initialized() else 0
     add_seed(ParallelMode.TENSOR, seed + rank, True)
 

@@ -1,0 +1,1 @@
+"""MoE models: ``Widenet`` (``models.py``) and the argument helpers (``util.py``)."""
