@@ -34,7 +34,9 @@ hooks; the stage chunks do the same work: the first stage cuts each micro-batch'
 ``position_ids``, the padding-mask and label shards, all carried to the later stages with the
 ``(micro-batch, S / sp, H)`` hidden-state shard), every stage hands its mask shard to the
 attention, and the last stage computes the shard's loss with the micro-batch's whole target
-count, as above.
+count, as above. The family work (OPT positions, ViT's cut and mask, the pooled heads' token
+pick with whole per-sample labels) is done per micro-batch by
+:class:`~kolossos.hybrid.sp_families.StageFamily` on the stage that needs it.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kolossos.hybrid.sp_families import install_family_hooks, model_support
+from kolossos.hybrid.sp_families import StageFamily, install_family_hooks, model_support
 from kolossos.nn.layer.parallel_1d import vocab_parallel_cross_entropy
 from kolossos.sequence import ring_attention, split_sequence, ulysses_attention
 from kolossos.sequence.zigzag import sequence_positions
@@ -90,6 +92,8 @@ class SequenceParallelContext:
     """``True``: a causal LM (labels shifted), ``False``: a masked LM, ``None``: no loss."""
     loss: _LossHook | None = None
     """Computes the shard's loss of an LM (``None`` for a base model)."""
+    family: StageFamily | None = None
+    """The family hooks of the pipeline stages (``None`` without a pipeline)."""
 
     @property
     def size(self) -> int:
@@ -309,7 +313,7 @@ def install_sequence_parallel(
             f"sequence_parallelism_mode={mode!r} is not implemented here; use one of "
             f"{ATTENTION_MODES} (or 'split_gather' over the TP group)."
         )
-    support = model_support(model, plan, mode, pipeline)
+    support = model_support(model, plan, mode)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
         raise NotImplementedError(f"{type(model).__name__} has no transformers config.")
@@ -339,6 +343,7 @@ def install_sequence_parallel(
         ctx.loss = _LossHook(ctx, int(config.vocab_size), head_group)
     setattr(model, _CTX_ATTR, ctx)
     if pipeline:
+        ctx.family = StageFamily(ctx, support, config, plan.layout.embeddings[0])
         return ctx
     install_family_hooks(model, plan, ctx, support, _split_inputs)
     if ctx.loss is not None:
@@ -351,8 +356,10 @@ class _FirstStage:
     runner sees it, so the shard's inputs, positions, padding-mask and label shards travel
     with the hidden-state shard to the later stages."""
 
-    def __init__(self, ctx: SequenceParallelContext, runner: Callable[..., Any]) -> None:
-        self.ctx, self.runner = ctx, runner
+    def __init__(
+        self, ctx: SequenceParallelContext, family: StageFamily, runner: Callable[..., Any]
+    ) -> None:
+        self.ctx, self.family, self.runner = ctx, family, runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args:
@@ -360,28 +367,42 @@ class _FirstStage:
                 "a sequence-parallel pipeline takes its micro-batches as dicts of keywords "
                 "({'input_ids': ..., 'attention_mask': ..., 'labels': ...})."
             )
+        if self.family.support.image:  # the embeddings hook cuts the sequence it makes
+            return self.runner(**kwargs)
+        kwargs, whole = self.family.first_inputs(kwargs)
         inputs, mask, labels = _shard_inputs(self.ctx, kwargs, self.ctx.causal_lm)
         if mask is not None:
             inputs["attention_mask"] = mask
         if labels is not None:
             inputs["labels"] = labels
+        if whole is not None:  # a pooled head's per-sample labels
+            inputs["labels"] = whole
         return self.runner(**inputs)
 
 
 class _StageForward:
     """The model forward a stage runner calls: takes the padding-mask shard out of the inputs
     (the attention reads it from the context) and the label shard (on the last stage the loss
-    is computed here as in the single-stage path, else it only travelled through)."""
+    is computed here as in the single-stage path, else it only travelled through); the family
+    hooks prepare the micro-batch (:meth:`StageFamily.before_stage`). A pooled head's whole
+    labels go to the last stage's model, which computes its own loss."""
 
     def __init__(
-        self, ctx: SequenceParallelContext, forward: Callable[..., Any], last: bool
+        self,
+        ctx: SequenceParallelContext,
+        family: StageFamily,
+        forward: Callable[..., Any],
+        last: bool,
     ) -> None:
-        self.ctx, self.forward, self.last = ctx, forward, last
+        self.ctx, self.family, self.forward, self.last = ctx, family, forward, last
 
     def __call__(self, **kwargs: Any) -> Any:
         mask = kwargs.pop("attention_mask", None)
         labels = kwargs.pop("labels", None)
         self.ctx.key_padding_mask = None if mask is None else mask.bool()
+        self.family.before_stage({**kwargs, "attention_mask": mask}, self.last)
+        if self.family.pooled and self.last and labels is not None:
+            return self.forward(**kwargs, labels=labels, attention_mask=None)
         output = self.forward(**kwargs, attention_mask=None)
         if self.last and labels is not None and self.ctx.loss is not None:
             output = self.ctx.loss.loss(output, labels)
@@ -397,10 +418,17 @@ def install_stage_sequence_parallel(model: nn.Module, chunks: nn.ModuleList) -> 
         TypeError: a chunk not built by :func:`~kolossos.shardformer.pipeline.build_stage_chunk`.
     """
     ctx: SequenceParallelContext = getattr(model, _CTX_ATTR)
+    family = ctx.family
+    if family is None:
+        raise TypeError(
+            f"{type(model).__name__} was not prepared for pipeline stages; call "
+            "install_sequence_parallel(..., pipeline=True) first."
+        )
+    family.install(model)
     for chunk in chunks:
         stage, runner = stage_of(chunk), cast(Any, chunk.forward)
         if stage is None or not hasattr(runner, "forward"):
             raise TypeError(f"{type(chunk).__name__} is not a pipeline stage chunk.")
-        runner.forward = _StageForward(ctx, runner.forward, stage.last)
+        runner.forward = _StageForward(ctx, family, runner.forward, stage.last)
         if stage.first:
-            object.__setattr__(chunk, "forward", _FirstStage(ctx, runner))
+            object.__setattr__(chunk, "forward", _FirstStage(ctx, family, runner))

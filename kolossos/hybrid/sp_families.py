@@ -17,6 +17,8 @@ cutting the per-token inputs.
   rank holding it and summed over the SP group (:func:`pick_tokens`); the gradient is summed
   back, so the owner's encoder gets ``sp_size`` times its share, as the token losses do. The
   head then computes the model's own loss on the whole batch, the same on every SP rank.
+* Pipeline stages (:class:`StageFamily`): the same work per micro-batch, each piece on the
+  stage that needs it, from the inputs that travel with the hidden-state shard.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ __all__ = [
     "POOLED_HEADS",
     "ModelSupport",
     "PooledHead",
+    "StageFamily",
     "install_family_hooks",
     "model_support",
     "pick_tokens",
@@ -67,7 +70,6 @@ BASE_CLASSES = ("GPT2Model", "LlamaModel", "OPTModel", "BertModel", "ViTModel")
 """Base models (no loss; ``last_hidden_state`` is the rank's shard)."""
 
 _IMAGE_FAMILIES = ("vit",)
-_NEW = ("opt", "vit")  # families not wired into pipeline stages yet
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,8 +122,9 @@ class ModelSupport:
         return self.family in _IMAGE_FAMILIES
 
 
-def model_support(model: nn.Module, plan: ModelPlan, mode: str, pipeline: bool) -> ModelSupport:
-    """What ``model`` needs under sequence parallelism ``mode``.
+def model_support(model: nn.Module, plan: ModelPlan, mode: str) -> ModelSupport:
+    """What ``model`` needs under sequence parallelism ``mode`` (the same with pipeline stages:
+    :class:`StageFamily` does the per-micro-batch work there).
 
     Raises:
         NotImplementedError: a family, model class or combination not covered (named, with the
@@ -145,15 +148,6 @@ def model_support(model: nn.Module, plan: ModelPlan, mode: str, pipeline: bool) 
     head = None if name is None else POOLED_HEADS[name]
     if head is not None and _module_at(model, head.path) is None:
         head = None  # a base model built without its pooler
-    if pipeline and (plan.family in _NEW or (head is not None and lm is None and name not in
-                                             BASE_CLASSES)):  # fmt: skip
-        raise NotImplementedError(
-            f"sequence_parallelism_mode={mode!r} with pp_size > 1 for {type(model).__name__}: "
-            "pipeline stages cover the GPT-2, LLaMA and BERT language and base models; use "
-            "pp_size=1 for OPT, ViT and the pooled classification heads."
-        )
-    if pipeline:
-        head = None  # stages keep the base models' pooler on the shard (as before)
     if plan.family == "opt" and getattr(getattr(model, "config", None), "layerdrop", 0.0) > 0:
         raise NotImplementedError(
             "sequence parallelism with OPT's layerdrop > 0: each SP rank would drop layers on "
@@ -294,6 +288,14 @@ class _TextInputs:
         return (), out
 
 
+def _refuse_image_mask(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("attention_mask") is not None:
+        raise NotImplementedError(
+            "sequence parallelism with a ViT attention_mask: the padding added to reach a "
+            "multiple of sp_size is masked internally; call the model without attention_mask."
+        )
+
+
 class _ImageInputs:
     """ViT: the model's pre-hook clears the step; the embeddings' forward hook pads, masks and
     cuts the sequence of CLS + patch embeddings (positions already added)."""
@@ -302,11 +304,7 @@ class _ImageInputs:
         self.ctx, self.step = ctx, step
 
     def before(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if kwargs.get("attention_mask") is not None:
-            raise NotImplementedError(
-                "sequence parallelism with a ViT attention_mask: the padding added to reach a "
-                "multiple of sp_size is masked internally; call the model without attention_mask."
-            )
+        _refuse_image_mask(kwargs)
         self.ctx.key_padding_mask = None
         self.ctx.targets = None
         self.step.positions = self.step.index = None
@@ -368,3 +366,100 @@ def install_family_hooks(
         model.register_forward_pre_hook(hook, with_kwargs=True)
     if support.head is not None:
         _install_head(model, support.head, ctx, step)
+
+
+def _image_length(pixel_values: torch.Tensor, config: Any) -> int:
+    """ViT's sequence length for ``pixel_values``: the CLS token and one token per patch."""
+    size = config.patch_size
+    ph, pw = (size, size) if isinstance(size, int) else tuple(size)
+    return int((pixel_values.shape[-2] // ph) * (pixel_values.shape[-1] // pw)) + 1
+
+
+class StageFamily:
+    """The family hooks of the pipeline stages (``pp_size > 1``), per micro-batch.
+
+    A stage only sees what travels with the hidden-state shard: the micro-batch's model inputs
+    as the first stage passed them on (the shards of the per-token inputs and masks, OPT's
+    ``position_ids`` computed from the whole mask before the cut, ``pixel_values``, a pooled
+    head's per-sample ``labels``, whole). From those every stage rebuilds what its hooks need:
+
+    * ViT: the padding-mask shard, from the patch count of ``pixel_values`` (the first stage's
+      embeddings hook cuts the sequence itself, as without a pipeline);
+    * the last stage, for a pooled head: the global positions of its tokens (the shard length
+      times ``sp_size``) and the pooled token's index: the first, or the last non-pad token,
+      the largest position of a non-pad token over the SP group (an all-reduce of the maxima
+      of the ``input_ids`` shards: transformers' argmax over the whole sequence).
+
+    Args:
+        ctx: the SP context.
+        support: what the model needs (:func:`model_support`).
+        config: the model's transformers config.
+        embeddings: the path of ViT's embeddings (where the sequence is cut).
+    """
+
+    def __init__(self, ctx: SequenceParallelContext, support: ModelSupport, config: Any,
+                 embeddings: str) -> None:  # fmt: skip
+        self.ctx, self.support, self.config, self.embeddings = ctx, support, config, embeddings
+        self.step = _Step()
+
+    @property
+    def pooled(self) -> bool:
+        """A pooled task head: per-sample labels, the model's own loss on the whole batch."""
+        return self.support.head is not None and self.support.causal_lm is None
+
+    def install(self, model: nn.Module) -> None:
+        """Hooks on modules the stage chunks share with ``model``: ViT's cut after the
+        embeddings (first stage), the pooled head's token pick (last stage). No communication."""
+        if self.support.image:
+            image = _ImageInputs(self.ctx, self.step)
+            model.get_submodule(self.embeddings).register_forward_hook(image.cut)
+        if self.support.head is not None:
+            _install_head(model, self.support.head, self.ctx, self.step)
+
+    def first_inputs(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """The first stage's micro-batch before the cut: OPT's positions from the whole padding
+        mask; a pooled head's per-sample labels taken out (they travel whole)."""
+        kwargs = dict(kwargs)
+        labels = kwargs.pop("labels", None) if self.pooled else None
+        if self.support.family == "opt":
+            kwargs["position_ids"] = _opt_positions(kwargs)
+        return kwargs, labels
+
+    def before_stage(self, kwargs: dict[str, Any], last: bool) -> None:
+        """Every stage, before its forward on one micro-batch (``kwargs``: what it received).
+
+        Raises:
+            NotImplementedError: a ViT ``attention_mask``.
+        """
+        ctx, step = self.ctx, self.step
+        step.positions = step.index = None
+        if self.support.image:
+            _refuse_image_mask(kwargs)
+            pixels = kwargs["pixel_values"]
+            seq = _image_length(pixels, self.config)
+            parts = ctx.size * (2 if ctx.layout == "zigzag" else 1)
+            padded = -(-seq // parts) * parts
+            keep = torch.arange(padded, device=pixels.device) < seq
+            batch = pixels.shape[0]
+            ctx.key_padding_mask = (
+                None if padded == seq else ctx.split(keep.unsqueeze(0).expand(batch, -1))
+            )
+            step.positions = sequence_positions(padded, ctx.rank, ctx.size, ctx.layout)  # type: ignore[arg-type]
+            step.index = torch.zeros(batch, dtype=torch.long, device=pixels.device)
+            return
+        head = self.support.head
+        if head is None or not last:
+            return
+        ids = kwargs.get("input_ids")
+        ref = ids if ids is not None else kwargs["inputs_embeds"]
+        seq = ref.shape[1] * ctx.size
+        positions = sequence_positions(seq, ctx.rank, ctx.size, ctx.layout)  # type: ignore[arg-type]
+        step.positions = positions
+        pad = getattr(self.config, "pad_token_id", None)
+        if head.token == "first" or pad is None or ids is None:
+            step.index = _head_index(kwargs, head.token, self.config, seq, ref.device)
+            return
+        nonpad = (ids != pad).to(torch.long)
+        local = (positions.to(ids.device)[None, :] * nonpad).amax(1)
+        dist.all_reduce(local, op=dist.ReduceOp.MAX, group=ctx.group)  # SYNC POINT (SP group)
+        step.index = local

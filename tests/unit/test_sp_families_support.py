@@ -26,8 +26,8 @@ def _tiny(name: str, **extra: Any) -> nn.Module:
     return getattr(tf, name)(config)  # type: ignore[no-any-return]
 
 
-def support(model: nn.Module, pipeline: bool = False) -> Any:
-    return model_support(model, get_autopolicy(model).plan(model), "all_to_all", pipeline)
+def support(model: nn.Module) -> Any:
+    return model_support(model, get_autopolicy(model).plan(model), "all_to_all")
 
 
 @pytest.mark.parametrize(
@@ -52,13 +52,5 @@ def test_covered_models(name: str, attention: str, lm: bool | None, head: str | 
 def test_refusals_name_the_fix() -> None:
     with pytest.raises(NotImplementedError, match=r"BertForTokenClassification.*'split_gather'"):
         support(_tiny("BertForTokenClassification"))
-    with pytest.raises(NotImplementedError, match=r"pp_size > 1 for ViTForImageClassification"):
-        support(_tiny("ViTForImageClassification"), pipeline=True)
-    with pytest.raises(NotImplementedError, match=r"pp_size > 1 for OPTForCausalLM"):
-        support(_tiny("OPTForCausalLM"), pipeline=True)
-    with pytest.raises(NotImplementedError, match=r"BertForSequenceClassification.*pp_size=1"):
-        support(_tiny("BertForSequenceClassification"), pipeline=True)
     with pytest.raises(NotImplementedError, match=r"layerdrop > 0.*config.layerdrop=0"):
         support(_tiny("OPTForCausalLM", layerdrop=0.1))
-    # the base models keep their pipeline support; the stages leave the pooler alone
-    assert support(_tiny("BertModel"), pipeline=True).head is None
