@@ -20,6 +20,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kolossos.cli.train",
         "train a GPT from a config file (the built-in Shakespeare example without one)",
     ),
+    "export": (
+        "kolossos.cli.export",
+        "write a kolossos train checkpoint as a Hugging Face model folder",
+    ),
+    "generate": (
+        "kolossos.cli.generate",
+        "sample text from a kolossos train run or a Hugging Face model folder",
+    ),
     "plan": (
         "kolossos.cli.plan",
         "choose a plugin and layout that fits a model in a memory budget",

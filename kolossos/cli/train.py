@@ -12,6 +12,7 @@ Example::
     kolossos train examples/configs/gpt_shakespeare.py train.steps=200 --nproc_per_node 4
     kolossos train my.toml --resume                  # continue after Ctrl-C or a failure
     kolossos train my.toml --resume=auto             # continue if there is a checkpoint
+    kolossos train examples/configs/llama_tiny_finetune.py   # fine-tune a local HF model
 
 Everything that can be checked without starting a process is checked first, and a problem ends
 the command with exit code 2 and one paragraph naming the value, the rule and the fix: the
@@ -84,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG,
         allow_abbrev=False,
-        description="Train a GPT model from a config file (.py, .toml, .yaml or .json) with "
-        "key=value overrides; without a file, the built-in character-level GPT on Shakespeare.",
+        description="Train a GPT model, or a local Hugging Face causal LM (model.pretrained), "
+        "from a config file (.py, .toml, .yaml or .json) with key=value overrides; without a "
+        "file, the built-in character-level GPT on Shakespeare.",
         epilog="Example: kolossos train examples/configs/gpt_shakespeare.toml train.steps=200 "
         "--nproc_per_node 2. Docs: docs/getting-started.md",
     )

@@ -173,7 +173,9 @@ class Checkpointer:
         folder then (``None`` otherwise; one small all-reduce while one is in flight)."""
         if self._pending is None:
             return None
-        busy = torch.tensor([float(self.booster.async_saves_pending())])
+        from kolossos.cluster.collectives import comm_device
+
+        busy = torch.tensor([float(self.booster.async_saves_pending())], device=comm_device())
         if dist.is_initialized():
             dist.all_reduce(busy)  # SYNC POINT
         return None if busy.item() > 0 else self.flush()

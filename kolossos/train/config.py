@@ -9,7 +9,9 @@ the value and what is allowed; cross-section rules (the parallel layout) are in
 
 from __future__ import annotations
 
+import copy
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +19,8 @@ from typing import Any
 from kolossos.train.errors import ConfigError
 
 __all__ = [
+    "DATA_FORMATS",
+    "LR_SCHEDULES",
     "PRECISIONS",
     "SEED_MAX",
     "TOKENIZERS",
@@ -29,7 +33,12 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+#: the tokenizers kolossos trains itself (``data.tokenizer`` may also name a Hugging Face folder)
 TOKENIZERS = ("char", "bpe")
+#: what ``train.schedule`` accepts
+LR_SCHEDULES = ("cosine", "linear", "constant")
+#: what ``data.format`` accepts
+DATA_FORMATS = ("text", "jsonl", "instruction", "parquet", "datasets")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME_MAX = 255  # the longest file name most file systems take
 #: the largest seed ``torch.manual_seed`` takes
@@ -82,8 +91,9 @@ def _text(obj: object, name: str, allowed: str = "a non-empty string") -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSection:
-    """``model``: the GPT-2 shape (a ``transformers.GPT2Config``); the vocabulary size comes from
-    the tokenizer."""
+    """``model``: the built-in GPT-2's shape (a ``transformers.GPT2Config``; the vocabulary size
+    comes from the tokenizer), or a Hugging Face causal LM from a local folder (``pretrained``)
+    or config file (``config``), whose shape then comes from its ``config.json``."""
 
     n_layer: int = 4
     """Transformer blocks."""
@@ -94,16 +104,38 @@ class ModelSection:
     block_size: int = 64
     """Context length in tokens (``n_positions``); every training sample is this long."""
     dropout: float = 0.0
-    """Dropout on embeddings, attention and residuals (0 disables it)."""
+    """Dropout on embeddings, attention and residuals (0 disables it; built-in GPT-2 only)."""
+    pretrained: str | None = None
+    """A local Hugging Face model folder (``config.json`` plus safetensors or ``.bin`` weights,
+    sharded or not) of any ``AutoModelForCausalLM`` architecture, to continue training from. Its
+    tokenizer is used unless ``data.tokenizer`` names another folder. No code from the folder
+    runs (``trust_remote_code=False``)."""
+    config: str | None = None
+    """A Hugging Face ``config.json`` (or the folder holding it): train that architecture from
+    freshly initialised weights."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass (less memory, more compute)."""
 
     def __post_init__(self) -> None:
+        for key in ("pretrained", "config"):
+            if getattr(self, key) is not None:
+                _text(self, key, "a local folder or file path, or None")
+        if self.pretrained is not None and self.config is not None:
+            raise ConfigError(
+                "config",
+                self.config,
+                problem="model.pretrained and model.config are both set; a run starts either "
+                "from pretrained weights or from a fresh architecture.",
+                hint="Keep one of them.",
+            )
+        _bool(self, "activation_checkpointing", key="activation_checkpointing")
         for name in ("n_layer", "n_head", "n_embd"):
             _int(self, name, 1)
         _int(self, "block_size", 2)
         _float(self, "dropout", 0.0, 1.0, allowed="numbers in [0, 1)")
         if self.dropout >= 1.0:
             raise ConfigError("dropout", self.dropout, "numbers in [0, 1)")
-        if self.n_embd % self.n_head:
+        if self.n_embd % self.n_head and self.hf_source is None:
             fits = [h for h in range(1, min(self.n_embd, 64) + 1) if self.n_embd % h == 0]
             raise ConfigError(
                 "n_head",
@@ -112,16 +144,39 @@ class ModelSection:
                 hint="Every head gets n_embd / n_head dimensions.",
             )
 
+    @property
+    def hf_source(self) -> str | None:
+        """The Hugging Face folder or config file the model comes from (``None``: built-in)."""
+        return self.pretrained if self.pretrained is not None else self.config
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataSection:
-    """``data``: the corpus, its tokenizer and the validation split."""
+    """``data``: the corpus, its format, its tokenizer and the validation split."""
 
     path: str | None = None
-    """A UTF-8 text file to train on; ``None`` uses the bundled Shakespeare corpus."""
+    """A UTF-8 text file, or a folder of them, to train on; ``None`` uses the bundled
+    Shakespeare corpus."""
+    format: str = "text"
+    """``'text'`` (plain text files: ``*.txt`` in a folder), ``'jsonl'`` (one JSON object per
+    line, its ``text_field`` trained on), ``'instruction'`` (JSON lines with ``prompt_field``
+    and ``response_field``; the prompt tokens are masked out of the loss), ``'parquet'`` (the
+    ``text_field`` column; needs ``pyarrow``) or ``'datasets'`` (a ``datasets.save_to_disk``
+    folder, its ``text_field`` column; needs ``datasets``). Except for ``'text'`` with the
+    ``char`` or ``bpe`` tokenizer, documents are tokenised once into a cached token file, joined
+    with the end-of-text token, packed into ``model.block_size`` sequences and shuffled each
+    epoch."""
+    text_field: str = "text"
+    """The field holding the text (``jsonl``, ``parquet``, ``datasets``)."""
+    prompt_field: str = "prompt"
+    """The field holding the prompt (``instruction``)."""
+    response_field: str = "response"
+    """The field holding the answer trained on (``instruction``)."""
     tokenizer: str = "char"
-    """``'char'`` (one token per character of the corpus) or ``'bpe'`` (byte-level BPE trained
-    on the corpus with the ``tokenizers`` package, cached in the run folder)."""
+    """``'char'`` (one token per character of the corpus), ``'bpe'`` (byte-level BPE trained
+    on the corpus with the ``tokenizers`` package, cached in the run folder), or a local Hugging
+    Face tokenizer folder. With ``model.pretrained``, ``'char'`` means the model folder's
+    tokenizer."""
     vocab_size: int = 512
     """Vocabulary size of the BPE tokenizer (ignored by ``'char'``)."""
     val_fraction: float = 0.1
@@ -130,7 +185,14 @@ class DataSection:
     def __post_init__(self) -> None:
         if self.path is not None:
             _text(self, "path", "a file path, or None for the bundled corpus")
-        _choice(self, "tokenizer", TOKENIZERS)
+        allowed = "'char', 'bpe' or the path of a Hugging Face tokenizer folder"
+        _text(self, "tokenizer", allowed)
+        word = "/" not in self.tokenizer and os.sep not in self.tokenizer
+        if self.tokenizer not in TOKENIZERS and word and not os.path.exists(self.tokenizer):
+            raise ConfigError("tokenizer", self.tokenizer, allowed)  # a typo, not a path
+        _choice(self, "format", DATA_FORMATS)
+        for name in ("text_field", "prompt_field", "response_field"):
+            _text(self, name, "a field name")
         _int(self, "vocab_size", 257, "integers >= 257 (the 256 bytes plus merges)")
         _float(self, "val_fraction", 0.0, 0.5, open_low=True, allowed="numbers in (0, 0.5]")
 
@@ -156,6 +218,9 @@ class TrainSection:
     """Learning rate at the end of the cosine decay; ``None`` means ``lr / 10``."""
     warmup_steps: int = 20
     """Steps of linear warm-up from 0 to ``lr``."""
+    schedule: str = "cosine"
+    """After the warm-up: ``"cosine"`` decay to ``min_lr``, ``"linear"`` decay to ``min_lr``,
+    or ``"constant"`` at ``lr``."""
     weight_decay: float = 0.1
     """AdamW weight decay (applied to matrices only, not to biases and norms)."""
     beta1: float = 0.9
@@ -184,6 +249,7 @@ class TrainSection:
         _int(self, "eval_batches", 1)
         _int(self, "log_interval", 1)
         _int(self, "warmup_steps", 0)
+        _choice(self, "schedule", LR_SCHEDULES)
         _float(self, "lr", 0.0, open_low=True)
         if self.min_lr is not None:
             _float(self, "min_lr", 0.0, self.lr, allowed=f"numbers in [0, train.lr={self.lr:g}]")
@@ -271,6 +337,10 @@ class TrainConfig:
     """See :class:`CheckpointSection`."""
     sample: SampleSection = field(default_factory=SampleSection)
     """See :class:`SampleSection`."""
+    export: bool = False
+    """At the end of a finished run, write the last checkpoint as a Hugging Face model folder
+    (model and tokenizer) to ``<output_dir>/<name>/hf/`` (``kolossos export`` does it for any
+    checkpoint later)."""
 
     def __post_init__(self) -> None:
         if (
@@ -304,3 +374,24 @@ class TrainConfig:
                 "precision themselves.",
             )
         _choice(self, "mixed_precision", PRECISIONS)
+        _bool(self, "export", key="export")
+        self._tokenizer_from_model()
+
+    def _tokenizer_from_model(self) -> None:
+        """With ``model.pretrained``, the default ``'char'`` tokenizer means the model's own
+        (recorded as its folder, so the run's config says what it used)."""
+        if self.model.pretrained is None:
+            return
+        if self.data.tokenizer == "char":
+            data = copy.copy(self.data)  # the folder is checked before launch, with the model
+            object.__setattr__(data, "tokenizer", self.model.pretrained)
+            object.__setattr__(self, "data", data)
+        elif self.data.tokenizer == "bpe":
+            raise ConfigError(
+                "data.tokenizer",
+                "bpe",
+                problem="data.tokenizer = 'bpe' trains a new tokenizer, but model.pretrained = "
+                f"{self.model.pretrained!r} was trained with its own.",
+                hint="Leave data.tokenizer out (the model folder's tokenizer is used), or name a "
+                "tokenizer folder of the same vocabulary.",
+            )

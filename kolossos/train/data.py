@@ -30,6 +30,7 @@ __all__ = [
     "bundled_corpus",
     "corpus_path",
     "load_corpus",
+    "make_tokenizer",
     "read_corpus_text",
     "saved_chars",
     "split_point",
@@ -186,7 +187,7 @@ def read_corpus_text(section: DataSection) -> tuple[str, str]:
         ) from None
 
 
-def _make_tokenizer(section: DataSection, text: str, saved: Path) -> Tokenizer:
+def make_tokenizer(section: DataSection, text: str, saved: Path) -> Tokenizer:
     """Load the run's tokenizer from ``saved``, or build it from ``text`` and save it there."""
     if saved.is_file():
         data = read_tokenizer_file(saved)  # checked JSON: never code
@@ -228,6 +229,16 @@ class Corpus:
     source: str
     """The corpus file."""
 
+    @property
+    def n_train_tokens(self) -> int:
+        """Tokens of the training part."""
+        return len(self.train_ids)
+
+    @property
+    def n_val_tokens(self) -> int:
+        """Tokens of the validation part."""
+        return len(self.val_ids)
+
     def _windows(self, ids: torch.Tensor, offsets: torch.Tensor, block: int) -> torch.Tensor:
         return ids[offsets[:, None] + torch.arange(block)]
 
@@ -256,7 +267,7 @@ def load_corpus(section: DataSection, block: int, tokenizer_file: Path) -> Corpu
         ConfigError: an unreadable file, or a corpus too short for ``block``-token windows.
     """
     text, source = read_corpus_text(section)
-    tokenizer = _make_tokenizer(section, text, tokenizer_file)
+    tokenizer = make_tokenizer(section, text, tokenizer_file)
     try:
         ids = torch.tensor(tokenizer.encode(text), dtype=torch.int64)
     except ValueError as exc:

@@ -36,6 +36,7 @@ from kolossos.train.numerics import (
     is_finite,
     local_tensors,
 )
+from kolossos.train.packed import IGNORE_INDEX, PackedCorpus
 from kolossos.train.progress import ProgressBar
 from kolossos.train.schema import config_to_dict
 from kolossos.train.setup import RunParts
@@ -95,22 +96,40 @@ class StepOutcome:
     """What was non-finite: ``"loss"`` or ``"gradient norm"``."""
 
 
+Batch = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def _pair(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, labels)`` of a batch; a plain tensor is its own labels (every token is
+    trained on; the model shifts them)."""
+    return batch if isinstance(batch, tuple) else (batch, batch)
+
+
+def _pairs(batches: Batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    ids, labels = _pair(batches)
+    return list(zip(ids, labels, strict=True))
+
+
 def _all_reduce(values: list[float]) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64)
+    from kolossos.cluster.collectives import comm_device
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=comm_device())  # NCCL: the GPU
     if dist.is_initialized():
         dist.all_reduce(tensor)  # SYNC POINT
-    return [float(v) for v in tensor]
+    return [float(v) for v in tensor.tolist()]
 
 
 def _gather_memory() -> list[float]:
     from kolossos.accelerator import get_accelerator
+    from kolossos.cluster.collectives import comm_device
 
-    mine = torch.tensor([float(get_accelerator().max_memory_allocated())], dtype=torch.float64)
+    peak = float(get_accelerator().max_memory_allocated())
+    mine = torch.tensor([peak], dtype=torch.float64, device=comm_device())
     if not dist.is_initialized():
         return [float(mine)]
     out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(out, mine)  # SYNC POINT
-    return [float(t) for t in out]
+    return [float(t.item()) for t in out]
 
 
 class Trainer:
@@ -146,11 +165,13 @@ class Trainer:
         )
         t = self.cfg.train
         self.tokens_per_step = t.batch_size * self.cfg.model.block_size
-        self.val = parts.corpus.val_batches(
-            seed=self.cfg.seed,
-            count=t.eval_batches,
-            batch_size=t.batch_size,
-            block=self.cfg.model.block_size,
+        self.val = _pairs(
+            parts.corpus.val_batches(
+                seed=self.cfg.seed,
+                count=t.eval_batches,
+                batch_size=t.batch_size,
+                block=self.cfg.model.block_size,
+            )
         )
         self.metrics: MetricsLog | None = None
         self.bar: ProgressBar | None = None
@@ -162,7 +183,11 @@ class Trainer:
             self.bar.message(text)
 
     # ------------------------------------------------------------------ one step
-    def _forward_loss(self, batch: dict[str, torch.Tensor], optimizer: Any) -> torch.Tensor | None:
+    def _forward_loss(
+        self, batch: dict[str, torch.Tensor], optimizer: Any, weight: float = 1.0
+    ) -> torch.Tensor | None:
+        """The (weighted) loss of one micro-batch, after its backward when ``optimizer`` is
+        given; ``None`` on pipeline ranks without the last stage."""
         p = self.p
         if p.pipeline:
             out = p.booster.execute_pipeline(
@@ -171,9 +196,22 @@ class Trainer:
             loss = out.get("loss")
             return None if loss is None else loss.detach().float()
         loss = p.criterion(p.model(**batch), batch)
+        if weight != 1.0:
+            loss = loss * weight
         if optimizer is not None:
             p.booster.backward(loss / self.cfg.train.gradient_accumulation, optimizer)
         return loss.detach().float()
+
+    def _weights(self, labels: torch.Tensor) -> torch.Tensor | None:
+        """Per micro-batch loss weights that make the mean over micro-batches (and ranks) the
+        mean over every trained token of the global batch: with masked prompts the micro-batches
+        hold different numbers of targets. ``labels`` is ``(..., rows, block)``; the weights are
+        ``(...)``. ``None`` (all ones) for the original corpus, where every token is a target,
+        and with a pipeline, whose schedule averages its micro-batches itself."""
+        if self.p.pipeline or not isinstance(self.p.corpus, PackedCorpus):
+            return None
+        targets = (labels[..., 1:] != IGNORE_INDEX).sum(dim=(-1, -2)).double()
+        return targets * targets.numel() / targets.sum().clamp(min=1.0)
 
     def step(self, step: int) -> StepOutcome:
         """Train optimizer step ``step``; the ranks agree on the mean loss, the stop vote and
@@ -181,14 +219,20 @@ class Trainer:
         the optimizer steps (then it does not)."""
         p, t, block = self.p, self.cfg.train, self.cfg.model.block_size
         accum = t.gradient_accumulation
-        batch = p.corpus.train_batch(step, seed=self.cfg.seed, batch_size=t.batch_size, block=block)
-        rows = batch.view(p.layout.dp_size, accum, p.layout.micro_batch, block)[p.dp_rank]
+        ids, labels = _pair(
+            p.corpus.train_batch(step, seed=self.cfg.seed, batch_size=t.batch_size, block=block)
+        )
+        shape = (p.layout.dp_size, accum, p.layout.micro_batch, block)
+        rows, row_labels = ids.view(shape)[p.dp_rank], labels.view(shape)[p.dp_rank]
+        weights = self._weights(labels.view(shape))
         total, have = 0.0, 0.0
         for micro in range(accum):
-            x = rows[micro].to(self.device)
+            x, y = rows[micro].to(self.device), row_labels[micro].to(self.device)
             last = micro == accum - 1
+            # (the weight only when there is one: subclasses may override the 2-argument form)
+            weight = () if weights is None else (float(weights[p.dp_rank, micro]),)
             with nullcontext() if last else p.booster.no_sync(p.model, p.optimizer):
-                loss = self._forward_loss({"input_ids": x, "labels": x}, p.optimizer)
+                loss = self._forward_loss({"input_ids": x, "labels": y}, p.optimizer, *weight)
             if loss is not None:
                 total, have = total + float(loss) / accum, 1.0
         bad_here = have > 0 and not is_finite(total)
@@ -233,18 +277,30 @@ class Trainer:
             f"rank {rank}: first non-finite tensor {name}" for rank, name in found
         )
 
-    @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean validation loss over the fixed validation batches (all ranks)."""
+        """Mean validation loss over the fixed validation batches (all ranks).
+
+        A pipeline schedule always runs its backward passes (it has no forward-only mode), so
+        with a pipeline the evaluation runs with gradients, through the optimizer (ZeRO needs
+        it), and drops the gradients afterwards; the weights do not change.
+        """
         p, block = self.p, self.cfg.model.block_size
         per_rank = self.cfg.train.batch_size // p.layout.dp_size
         p.model.eval()
         total, count = 0.0, 0.0
-        for batch in self.val:
-            x = batch.view(p.layout.dp_size, per_rank, block)[p.dp_rank].to(self.device)
-            loss = self._forward_loss({"input_ids": x, "labels": x}, None)
-            if loss is not None:
-                total, count = total + float(loss), count + 1
+        optimizer = p.optimizer if p.pipeline else None
+        shape = (len(self.val), p.layout.dp_size, per_rank, block)
+        weights = self._weights(torch.stack([labels for _, labels in self.val]).view(shape))
+        with torch.enable_grad() if p.pipeline else torch.no_grad():
+            for i, (batch, batch_labels) in enumerate(self.val):
+                x = batch.view(shape[1:])[p.dp_rank].to(self.device)
+                y = batch_labels.view(shape[1:])[p.dp_rank].to(self.device)
+                weight = () if weights is None else (float(weights[i, p.dp_rank]),)
+                loss = self._forward_loss({"input_ids": x, "labels": y}, optimizer, *weight)
+                if loss is not None:
+                    total, count = total + float(loss), count + 1
+        if optimizer is not None:
+            optimizer.zero_grad()
         p.model.train()
         loss_sum, n = _all_reduce([total, count])
         return loss_sum / max(n, 1.0)

@@ -82,7 +82,9 @@ def gather_offenders(offender: str | None) -> list[tuple[int, str]]:
 
 def any_rank(flag: bool) -> bool:
     """Whether ``flag`` holds on any rank (a collective)."""
-    value = torch.tensor([float(flag)], dtype=torch.float64)
+    from kolossos.cluster.collectives import comm_device
+
+    value = torch.tensor([float(flag)], dtype=torch.float64, device=comm_device())
     if dist.is_initialized():
         dist.all_reduce(value, op=dist.ReduceOp.MAX)  # SYNC POINT
     return bool(value.item() > 0)

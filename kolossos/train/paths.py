@@ -81,6 +81,11 @@ class RunPaths:
         return self.root / "sample.txt"
 
     @property
+    def export(self) -> Path:
+        """The Hugging Face model folder ``export=true`` writes at the end."""
+        return self.root / "hf"
+
+    @property
     def summary(self) -> Path:
         """The final numbers (JSON)."""
         return self.root / "summary.json"

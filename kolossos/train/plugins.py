@@ -173,36 +173,40 @@ def check_model_split(config: TrainConfig, layout: Layout) -> None:
     Raises:
         ConfigError: a size the model or the batch cannot be split by.
     """
-    kwargs, model = config.plugin_kwargs, config.model
+    kwargs = config.plugin_kwargs
+    n_head, n_layer, heads_key, layers_key = _model_shape(config)
     tp = kwargs.get("tp_size") or 1
-    if model.n_head % tp:
-        fits = [d for d in range(1, model.n_head + 1) if model.n_head % d == 0]
+    if n_head % tp:
+        fits = [d for d in range(1, n_head + 1) if n_head % d == 0]
         raise ConfigError(
             "plugin_kwargs.tp_size",
             tp,
-            f"divisors of model.n_head={model.n_head} ({', '.join(map(str, fits))})",
+            f"divisors of {heads_key}={n_head} ({', '.join(map(str, fits))})",
             hint="Tensor parallelism gives every process n_head / tp_size attention heads; "
-            "change plugin_kwargs.tp_size or model.n_head.",
+            f"change plugin_kwargs.tp_size or {heads_key}.",
         )
+    _check_kv_heads(config, tp)
     pp = kwargs.get("pp_size") or 1
     if pp == 1:
         return
     stages = pp * (kwargs.get("num_model_chunks") or 1)
-    if model.n_layer < stages:
+    if n_layer < stages:
+        own = config.model.hf_source is None
+        fix = f"Set model.n_layer >= {stages}" if own else f"Use a model of >= {stages} blocks"
         raise ConfigError(
             "plugin_kwargs.pp_size",
             pp,
             problem=f"plugin_kwargs.pp_size = {pp} with {stages // pp} model chunk(s) makes "
-            f"{stages} pipeline stages, but model.n_layer = {model.n_layer} blocks cannot fill "
+            f"{stages} pipeline stages, but {layers_key} = {n_layer} blocks cannot fill "
             "them (every stage needs at least one).",
-            hint=f"Set model.n_layer >= {stages}, or use fewer stages.",
+            hint=f"{fix}, or use fewer stages.",
         )
     layers = kwargs.get("num_layers_per_stage")
-    if layers is not None and sum(layers) != model.n_layer:
+    if layers is not None and sum(layers) != n_layer:
         raise ConfigError(
             "plugin_kwargs.num_layers_per_stage",
             layers,
-            f"counts that sum to model.n_layer={model.n_layer}",
+            f"counts that sum to {layers_key}={n_layer}",
         )
     if config.train.gradient_accumulation > 1:
         raise ConfigError(
@@ -213,6 +217,39 @@ def check_model_split(config: TrainConfig, layout: Layout) -> None:
             "plugin_kwargs num_microbatches / microbatch_size).",
         )
     _check_micro_batches(kwargs, layout)
+
+
+def _check_kv_heads(config: TrainConfig, tp: int) -> None:
+    """Grouped-query attention: tensor parallelism splits the key/value heads too."""
+    model = config.model
+    if tp == 1 or model.hf_source is None:
+        return
+    from kolossos.train.hf_files import hf_shape
+
+    key = "model.pretrained" if model.pretrained is not None else "model.config"
+    kv = hf_shape(key, model.hf_source).n_kv_head
+    if kv is not None and kv % tp:
+        fits = [d for d in range(1, kv + 1) if kv % d == 0]
+        raise ConfigError(
+            "plugin_kwargs.tp_size",
+            tp,
+            f"divisors of the key/value heads of {key}={kv} ({', '.join(map(str, fits))})",
+            hint="The model uses grouped-query attention; tensor parallelism gives every process "
+            "num_key_value_heads / tp_size of them. Change plugin_kwargs.tp_size or the model.",
+        )
+
+
+def _model_shape(config: TrainConfig) -> tuple[int, int, str, str]:
+    """Heads and blocks of the configured model, and how to name them in messages."""
+    model = config.model
+    if model.hf_source is None:
+        return model.n_head, model.n_layer, "model.n_head", "model.n_layer"
+    from kolossos.train.hf_files import hf_shape
+
+    key = "model.pretrained" if model.pretrained is not None else "model.config"
+    shape = hf_shape(key, model.hf_source)
+    where = f"the attention heads of {key}"
+    return shape.n_head, shape.n_layer, where, f"the blocks of {key}"
 
 
 def _check_micro_batches(kwargs: dict[str, Any], layout: Layout) -> None:

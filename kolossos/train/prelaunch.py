@@ -14,9 +14,16 @@ import os
 import shutil
 from pathlib import Path
 
-from kolossos.train.config import TrainConfig
+from kolossos.train.config import TOKENIZERS, TrainConfig
 from kolossos.train.data import corpus_path, read_corpus_text, saved_chars, split_point
+from kolossos.train.documents import data_files, is_packed, read_documents
 from kolossos.train.errors import ConfigError
+from kolossos.train.hf_files import (
+    check_model_folder,
+    check_tokenizer_folder,
+    check_vocabulary,
+    hf_shape,
+)
 from kolossos.train.paths import RunPaths
 from kolossos.train.plugins import (
     check_layout,
@@ -33,6 +40,7 @@ __all__ = [
     "check_config",
     "check_data",
     "check_dependencies",
+    "check_model_source",
     "prepare_run_folder",
     "resolve_resume",
     "with_nproc",
@@ -81,8 +89,8 @@ def check_dependencies(config: TrainConfig) -> None:
     Raises:
         ConfigError: ``transformers`` (or ``tokenizers`` for BPE) is not installed.
     """
-    needed = [("transformers", "model", "the GPT-2 model")]
-    if config.data.tokenizer == "bpe":
+    needed = [("transformers", "model", "the model")]
+    if config.data.tokenizer not in ("char",):
         needed.append(("tokenizers", "data.tokenizer", "the BPE tokenizer"))
     for module, key, what in needed:
         if importlib.util.find_spec(module) is None:
@@ -108,7 +116,12 @@ def _corpus_file(config: TrainConfig) -> tuple[Path, int]:
         )
     if not os.path.isfile(path):
         raise ConfigError(
-            "data.path", given, problem=f"data.path = {given!r} is a folder, not a file.", hint=hint
+            "data.path",
+            given,
+            problem=f"data.path = {given!r} is a folder, not a file.",
+            hint=hint + " A folder of text files trains with a Hugging Face tokenizer "
+            "(model.pretrained, or data.tokenizer=<tokenizer folder>); 'char' and 'bpe' take one "
+            "file.",
         )
     size = path.stat().st_size
     if size == 0:
@@ -177,6 +190,34 @@ def _check_char_corpus(config: TrainConfig, text: str, source: str, resume: bool
         )
 
 
+def check_model_source(config: TrainConfig) -> None:
+    """Check ``model.pretrained`` (a complete model folder), ``model.config`` (a readable
+    ``config.json``) and a Hugging Face ``data.tokenizer`` folder against the model's
+    vocabulary, from the files alone.
+
+    Raises:
+        ConfigError: naming the key, what is missing and the fix.
+    """
+    model, data = config.model, config.data
+    shape = None
+    if model.pretrained is not None:
+        shape = check_model_folder(model.pretrained)
+    elif model.config is not None:
+        shape = hf_shape("model.config", model.config)
+    if data.tokenizer in TOKENIZERS:
+        return
+    check_tokenizer_folder(data.tokenizer)
+    if shape is not None and model.pretrained is not None:
+        check_vocabulary(data.tokenizer, shape, "model.pretrained", model.pretrained)
+
+
+def _check_documents(config: TrainConfig) -> None:
+    """Read a packed data set before launch (when small): missing fields, empty data."""
+    files = data_files(config.data)
+    if sum(f.stat().st_size for f in files) <= CHEAP_CORPUS_BYTES:
+        read_documents(config.data)
+
+
 def check_data(config: TrainConfig, *, resume: bool = False) -> None:
     """Check the corpus before launch: an existing, non-empty UTF-8 file; with the character
     tokenizer also the sample prompt and the corpus length against ``model.block_size``.
@@ -191,6 +232,10 @@ def check_data(config: TrainConfig, *, resume: bool = False) -> None:
     Raises:
         ConfigError: naming ``data.path``, ``sample.prompt`` or ``model.block_size``.
     """
+    check_model_source(config)
+    if is_packed(config.data):
+        _check_documents(config)
+        return
     path, size = _corpus_file(config)
     if size > CHEAP_CORPUS_BYTES:
         _corpus_head(config, path)
@@ -274,10 +319,15 @@ def _check_output(config: TrainConfig, paths: RunPaths) -> None:
 
 def _differences(old: dict[str, object], new: dict[str, object]) -> list[str]:
     keys = [k for k in _FIXED_ON_RESUME if old.get(k) != new.get(k)]
+    defaults = config_to_dict(TrainConfig())
     out = []
     for key in keys:
         before, after = old.get(key), new.get(key)
         if isinstance(before, dict) and isinstance(after, dict):
+            default = defaults.get(key)
+            assert isinstance(default, dict)
+            # a key added to kolossos after the checkpoint was written counts as its default
+            before = {k: before.get(k, default.get(k)) for k in set(before) | set(after)}
             out += [
                 f"{key}.{k}: {before.get(k)!r} -> {after.get(k)!r}"
                 for k in sorted(set(before) | set(after))
@@ -357,6 +407,7 @@ def _write_run_folder(paths: RunPaths, config: dict[str, object], *, fresh: bool
     if fresh:  # drop what an earlier attempt left
         # only what a run writes: never a folder the user pointed us at
         shutil.rmtree(paths.checkpoints, ignore_errors=True)
+        shutil.rmtree(paths.export, ignore_errors=True)
         for file in (paths.metrics, paths.plot, paths.sample, paths.summary, paths.tokenizer):
             file.unlink(missing_ok=True)
     paths.root.mkdir(parents=True, exist_ok=True)

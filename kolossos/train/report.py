@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kolossos.train.config import TOKENIZERS
 from kolossos.train.loop import RunResult
 from kolossos.train.metrics import MetricsLog
 from kolossos.train.progress import format_bytes, format_duration
@@ -22,17 +23,35 @@ def _where(path: Path) -> str:
         return str(path)
 
 
+def _model_line(parts: RunParts) -> str:
+    m = parts.config.model
+    size = f"{parts.n_params / 1e6:.2f}M parameters"
+    if m.hf_source is None:
+        return (
+            f"GPT-2, {m.n_layer} layers x {m.n_embd} wide, {m.n_head} heads, context "
+            f"{m.block_size}: {size}"
+        )
+    from kolossos.train.hf_files import hf_shape
+
+    shape = hf_shape("model", m.hf_source)
+    how = "pretrained" if m.pretrained is not None else "new from config"
+    return (
+        f"{shape.model_type} ({how}: {m.hf_source}), {shape.n_layer} layers, {shape.n_head} "
+        f"heads, context {m.block_size}: {size}"
+    )
+
+
 def banner(parts: RunParts, world_size: int) -> str:
     """The first lines of a run: what trains on what, how, and where it writes."""
     c, corpus = parts.config, parts.corpus
     m = c.model
-    tokens = len(corpus.train_ids) + len(corpus.val_ids)
+    tokens = corpus.n_train_tokens + corpus.n_val_tokens
+    kind = c.data.tokenizer if c.data.tokenizer in TOKENIZERS else "Hugging Face"
     return (
         f"kolossos train: run '{c.name}' -> {_where(parts.paths.root)}/\n"
-        f"  model  GPT-2, {m.n_layer} layers x {m.n_embd} wide, {m.n_head} heads, context "
-        f"{m.block_size}: {parts.n_params / 1e6:.2f}M parameters\n"
-        f"  data   {Path(corpus.source).name}: {tokens:,} tokens ({c.data.tokenizer} tokenizer, "
-        f"vocabulary {corpus.tokenizer.vocab_size}), {len(corpus.val_ids):,} held out\n"
+        f"  model  {_model_line(parts)}\n"
+        f"  data   {Path(corpus.source).name}: {tokens:,} tokens ({kind} tokenizer, "
+        f"vocabulary {corpus.tokenizer.vocab_size}), {corpus.n_val_tokens:,} held out\n"
         f"  run    {world_size} process(es), plugin {c.plugin}, {c.mixed_precision}, "
         f"{c.train.steps} steps x {c.train.batch_size} sequences "
         f"({c.train.batch_size * m.block_size:,} tokens/step)"
@@ -45,15 +64,16 @@ def generate_sample(parts: RunParts, checkpoint: Path) -> str:
     import torch
 
     from kolossos.checkpoint_io import GeneralCheckpointIO
+    from kolossos.train.hf_model import eos_of
     from kolossos.train.model import build_model, generate
 
     c = parts.config
     tokenizer = parts.corpus.tokenizer
-    model = build_model(c.model, tokenizer.vocab_size)
+    model = build_model(c.model, tokenizer.vocab_size, load_weights=False)
     GeneralCheckpointIO().load_model(model, checkpoint / "model")
     prompt = tokenizer.encode(c.sample.prompt)  # checked by build_run
     with torch.inference_mode():
-        ids = generate(model, prompt, c.sample, c.model.block_size, c.seed)
+        ids = generate(model, prompt, c.sample, c.model.block_size, c.seed, eos_of(tokenizer))
     return c.sample.prompt + tokenizer.decode(ids)
 
 
@@ -86,6 +106,14 @@ def finish(parts: RunParts, result: RunResult, metrics: MetricsLog, wall_s: floa
     if parts.config.sample.tokens and result.last_checkpoint is not None:
         sample = generate_sample(parts, result.last_checkpoint)
         paths.sample.write_text(sample + "\n", encoding="utf-8")
+    exported = None
+    if parts.config.export and result.last_checkpoint is not None:
+        import shutil
+
+        from kolossos.train.export import export_run
+
+        shutil.rmtree(paths.export, ignore_errors=True)  # this run's own earlier export
+        exported = export_run(paths.root, paths.export)
     summary = _summary(parts, result, metrics)
     summary["wall_time_s"] = wall_s
     tmp = paths.summary.with_name(f".{paths.summary.name}.tmp")
@@ -117,6 +145,7 @@ def finish(parts: RunParts, result: RunResult, metrics: MetricsLog, wall_s: floa
         f"    loss curve     {_where(paths.plot)}{plot_note}",
         f"    checkpoint     {ckpt} (last {parts.config.checkpoint.keep_last} kept)",
         f"    sample         {_where(paths.sample) if sample else 'none'}",
+        *([f"    export         {_where(exported)}/ (Hugging Face format)"] if exported else []),
         f"    summary        {_where(paths.summary)}",
     ]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,15 +13,20 @@ import torch.distributed as dist
 
 from kolossos.train.config import TrainConfig, TrainSection
 from kolossos.train.data import Corpus, load_corpus
+from kolossos.train.documents import is_packed
 from kolossos.train.errors import ConfigError
 from kolossos.train.model import build_model, causal_lm_loss, count_parameters
+from kolossos.train.packed import PackedCorpus, load_packed
 from kolossos.train.paths import RunPaths
 from kolossos.train.plugins import Layout, build_plugin, check_layout
 
 if TYPE_CHECKING:
     from kolossos.booster.plugin import Plugin
 
-__all__ = ["RunParts", "build_run", "lr_lambda"]
+__all__ = ["TOKEN_CACHE", "RunParts", "build_run", "load_data", "lr_lambda"]
+
+#: the folder of ``output_dir`` holding token caches (shared by the runs there)
+TOKEN_CACHE = ".token_cache"
 
 
 @dataclass
@@ -37,7 +43,7 @@ class RunParts:
     """Global rank."""
     dp_rank: int
     """Data-parallel rank: which slice of each global batch this rank trains on."""
-    corpus: Corpus
+    corpus: Corpus | PackedCorpus
     """Tokens and tokenizer."""
     booster: Any
     """The :class:`kolossos.booster.Booster`."""
@@ -56,14 +62,19 @@ class RunParts:
 
 
 def lr_lambda(train: TrainSection) -> Any:
-    """The schedule factor of each step: linear warm-up, then cosine decay to ``final_lr``."""
+    """The schedule factor of each step: linear warm-up, then ``train.schedule``: cosine or
+    linear decay to ``final_lr``, or constant."""
     floor = train.final_lr / train.lr
 
     def factor(step: int) -> float:
         if step < train.warmup_steps:
             return (step + 1) / (train.warmup_steps + 1)
+        if train.schedule == "constant":
+            return 1.0
         span = max(1, train.steps - train.warmup_steps)
         progress = min(1.0, (step - train.warmup_steps) / span)
+        if train.schedule == "linear":
+            return 1 - (1 - floor) * progress
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
@@ -82,23 +93,32 @@ def _optimizer(model: torch.nn.Module, train: TrainSection) -> torch.optim.Optim
     return torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2))
 
 
-def _load_corpus_once(config: TrainConfig, paths: RunPaths, rank: int) -> Corpus:
-    """Rank 0 builds (or reads) the run's tokenizer first; the others then read it."""
-    corpus: Corpus | None = None
+def load_data(config: TrainConfig, paths: RunPaths) -> Corpus | PackedCorpus:
+    """The run's tokens: the original corpus mode, or the packed, cached data set."""
+    if not is_packed(config.data):
+        return load_corpus(config.data, config.model.block_size, paths.tokenizer)
+    cache = Path(config.output_dir).expanduser() / TOKEN_CACHE
+    return load_packed(config.data, config.model.block_size, paths.tokenizer, cache)
+
+
+def _load_corpus_once(config: TrainConfig, paths: RunPaths, rank: int) -> Corpus | PackedCorpus:
+    """Rank 0 builds (or reads) the run's tokenizer and token cache first; the others then
+    read them."""
+    corpus: Corpus | PackedCorpus | None = None
     error: list[Any] = [None]
     if rank == 0:
         try:
-            corpus = load_corpus(config.data, config.model.block_size, paths.tokenizer)
+            corpus = load_data(config, paths)
         except ConfigError as exc:
             error[0] = exc
     if dist.is_initialized():
         dist.broadcast_object_list(error, src=0)  # SYNC POINT: the tokenizer file exists now
     if error[0] is not None:
         raise error[0]
-    return corpus or load_corpus(config.data, config.model.block_size, paths.tokenizer)
+    return corpus or load_data(config, paths)
 
 
-def _check_prompt(config: TrainConfig, corpus: Corpus) -> None:
+def _check_prompt(config: TrainConfig, corpus: Corpus | PackedCorpus) -> None:
     if not config.sample.tokens:
         return
     try:
