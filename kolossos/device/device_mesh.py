@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
 
 from kolossos.accelerator import get_accelerator
 
@@ -132,6 +133,7 @@ class DeviceMesh:
         self._is_initialized = False
         self._is_init_from_process_group = False
         self._init_process_group = init_process_group
+        self._torch_mesh: TorchDeviceMesh | None = None
         if init_process_group:
             self.init_logical_process_group()
 
@@ -168,6 +170,36 @@ class DeviceMesh:
     def logical_mesh_id(self) -> torch.Tensor | None:
         """The logical mesh of global ranks (``None`` for :meth:`from_process_group` meshes)."""
         return self._logical_mesh_id
+
+    @property
+    def device_type(self) -> str:
+        """``"cuda"``, ``"cpu"`` or ``"npu"``: the device type of the mesh's groups."""
+        return self._device
+
+    def get_torch_mesh(self) -> TorchDeviceMesh:
+        """The same logical mesh as a torch ``DeviceMesh`` (for DTensor), made on first call
+        and kept (COLLECTIVE on first call: every rank calls it, in the same order).
+
+        Raises:
+            RuntimeError: no ``torch.distributed``, or a :meth:`from_process_group` mesh of
+                several groups.
+        """
+        if self._torch_mesh is None and self._is_init_from_process_group:
+            groups = self._process_group_dict[self._rank_or_current(None, "get_torch_mesh")]
+            if len(groups) != 1:
+                raise RuntimeError(
+                    "DeviceMesh.get_torch_mesh: a from_process_group mesh of several groups does "
+                    "not know the global layout; build it from physical ids instead."
+                )
+            self._torch_mesh = TorchDeviceMesh.from_group(groups[0], self._device)
+        if self._torch_mesh is None:
+            if self._logical_mesh_id is None or not dist.is_initialized():
+                raise RuntimeError(
+                    "DeviceMesh.get_torch_mesh needs the global layout and torch.distributed; "
+                    "build the mesh from physical ids after kolossos.launch(...)."
+                )
+            self._torch_mesh = TorchDeviceMesh(self._device, self._logical_mesh_id)
+        return self._torch_mesh
 
     @property
     def is_initialized(self) -> bool:
@@ -311,7 +343,7 @@ class DeviceMesh:
         result = type(self).__new__(type(self))
         memo[id(self)] = result
         for key, value in self.__dict__.items():
-            shared = key == "_process_group_dict"
+            shared = key in ("_process_group_dict", "_torch_mesh")
             setattr(result, key, value if shared else copy.deepcopy(value, memo))
         return result
 

@@ -7,7 +7,7 @@ below are those Colossal-AI 0.3 exports from ``colossalai.zero`` (``ZeroDDP`` an
 ``ZeroOptimizer`` are its older names of the Gemini classes); see ``docs/gemini.md``.
 """
 
-from kolossos.utils.model.colo_init_context import ColoInitContext, post_process_colo_init_ctx
+from kolossos.tensor.colo_init_context import ColoInitContext, post_process_colo_init_ctx
 from kolossos.zero.gemini import (
     GeminiAdamOptimizer,
     GeminiDDP,

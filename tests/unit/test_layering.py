@@ -39,10 +39,12 @@ LAYERS: dict[str, int] = {
     "sequence": 1,  # ring self-attention, Ulysses all-to-all, ring attention
     "shardformer": 1,
     "lazy": 1,
+    "tensor": 1,  # ColoTensor over DTensor, sharding specs, the layout converter
     # 2 - the engines (each owns its config and checkpoint IO)
     "ddp": 2,
     "fsdp": 2,
     "hybrid": 2,
+    "moe": 2,  # routers, experts, MoE layer, expert-parallel all-to-all
     "zero": 2,
     # 3 - the facade
     "booster": 3,
@@ -52,11 +54,13 @@ LAYERS: dict[str, int] = {
     "cli": 4,
     "legacy": 4,
     # Colossal-AI's old top-level import paths, thin aliases of kolossos.legacy
+    "builder": 4,
     "constants": 4,
     "context": 4,
     "core": 4,
     "engine": 4,
     "global_variables": 4,
+    "model_zoo": 4,  # the tutorials' model_zoo.vit.vit / model_zoo.gpt.gpt
     "registry": 4,
     "testing": 4,
     "train": 4,  # the `kolossos train` job
@@ -78,17 +82,20 @@ SIDEWAYS = {
     ("shardformer", "nn"),  # the plans build tensor-parallel layers
     ("hybrid", "ddp"),
     ("hybrid", "zero"),  # HybridParallelPlugin's ZeRO is LowLevelZero over the dp axis
+    ("moe", "hybrid"),  # MoeHybridParallelPlugin's engine extends the hybrid engine
     ("mixed_precision", "booster"),  # the documented alias of kolossos.booster.mixed_precision
     ("cli", ""),  # kolossos.__version__
     ("cli", "train"),  # the command line runs the training job
     ("train", ""),  # kolossos.launch
     ("testing", ""),
     ("", "legacy"),  # kolossos.launch* resolve through kolossos.legacy.launch_hook (lazily)
+    ("builder", "legacy"),
     ("constants", "legacy"),
     ("context", "legacy"),
     ("core", "legacy"),
     ("engine", "legacy"),
     ("global_variables", "legacy"),
+    ("model_zoo", "legacy"),
     ("registry", "legacy"),
     ("trainer", "legacy"),  # Python config files, until the legacy Config reads them itself
 }

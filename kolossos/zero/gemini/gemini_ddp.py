@@ -30,6 +30,7 @@ from kolossos.amp import cast_floating
 from kolossos.interface import ModelWrapper
 from kolossos.lazy import is_lazy, lazy_named_tensors
 from kolossos.zero.gemini.chunk import ChunkManager, find_chunk_configuration, unique_params
+from kolossos.zero.gemini.colo_params import prepare_dtensor_params
 from kolossos.zero.gemini.full_tensors import FullTensorIO
 from kolossos.zero.gemini.gemini_hooks import GeminiHooks
 from kolossos.zero.gemini.lazy_chunks import fill_chunks_lazily
@@ -113,6 +114,8 @@ class GeminiDDP(ModelWrapper):
                                search_range_mb, 32)  # fmt: skip
         min_chunk_size_m = _pick("min_chunk_size_m", min_chunk_size_m, "min_chunk_size_mb",
                                  min_chunk_size_mb, 32)  # fmt: skip
+        # ColoParameters: Gemini keeps their pieces, data-parallel over their ProcessGroup's dp
+        process_group = prepare_dtensor_params(module, process_group)
         compute = self._check_args(module, mixed_precision, device, chunk_init_device,
                                    strict_ddp_mode)  # fmt: skip
         super().__init__(module)
