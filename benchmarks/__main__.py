@@ -8,7 +8,7 @@ import sys
 from benchmarks.runner import main
 
 #: benchmarks with a command line of their own: ``python -m benchmarks NAME [options]``
-STANDALONE = {"sequence_parallel": "benchmarks.sequence_parallel"}
+STANDALONE = {"sequence_parallel": "benchmarks.sequence_parallel", "moe": "benchmarks.moe"}
 
 if __name__ == "__main__":
     argv = sys.argv[1:]

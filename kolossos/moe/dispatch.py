@@ -18,13 +18,25 @@ forward and backward. With ``ep_size`` 1 no collective runs and the rows stay in
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from kolossos.moe.all_to_all import all_to_all_uneven, exchange_counts
-from kolossos.moe.experts import Experts
+from kolossos.moe.parallel_info import MoeParallelInfo
 from kolossos.moe.routers import Routing
 
-__all__ = ["run_experts"]
+__all__ = ["LocalExperts", "run_experts"]
+
+
+class LocalExperts(Protocol):
+    """What dispatch needs of a rank's experts (:class:`~kolossos.moe.experts.Experts`, or the
+    Hugging Face fused experts of :mod:`kolossos.moe.hf_block`)."""
+
+    moe_info: MoeParallelInfo
+    num_total_experts: int
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor: ...
 
 
 def _pairs(routing: Routing) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -39,7 +51,9 @@ def _pairs(routing: Routing) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return expert[order], token[order], weight[order]
 
 
-def _compute_local(recv: torch.Tensor, recv_counts: torch.Tensor, experts: Experts) -> torch.Tensor:
+def _compute_local(
+    recv: torch.Tensor, recv_counts: torch.Tensor, experts: LocalExperts
+) -> torch.Tensor:
     """Rows received in ``(source rank, local expert)`` order → their experts' outputs, in the
     same order. One batched expert call over ``[E_local, C, H]``."""
     ep, local = recv_counts.shape
@@ -60,7 +74,7 @@ def _compute_local(recv: torch.Tensor, recv_counts: torch.Tensor, experts: Exper
     return out[owner, slot][torch.argsort(perm)]
 
 
-def run_experts(tokens: torch.Tensor, routing: Routing, experts: Experts) -> torch.Tensor:
+def run_experts(tokens: torch.Tensor, routing: Routing, experts: LocalExperts) -> torch.Tensor:
     """The MoE output ``[S, H']`` of ``tokens [S, H]`` routed by ``routing``.
 
     COLLECTIVE over ``experts.moe_info.ep_group`` (two all-to-alls of rows, one of counts).

@@ -10,6 +10,7 @@ from kolossos.booster.plugin.dp_plugin_base import DPPluginBase
 from kolossos.booster.plugin.gemini_plugin import GeminiPlugin
 from kolossos.booster.plugin.hybrid_parallel_plugin import HybridParallelPlugin
 from kolossos.booster.plugin.low_level_zero_plugin import LowLevelZeroPlugin
+from kolossos.booster.plugin.moe_hybrid_parallel_plugin import MoeHybridParallelPlugin
 from kolossos.booster.plugin.plugin_base import Plugin
 from kolossos.booster.plugin.torch_ddp_plugin import TorchDDPPlugin
 from kolossos.booster.plugin.torch_fsdp_plugin import TorchFSDPPlugin
@@ -40,6 +41,7 @@ __all__ = [
     "GeminiPlugin",
     "HybridParallelPlugin",
     "LowLevelZeroPlugin",
+    "MoeHybridParallelPlugin",
     "Plugin",
     "TorchDDPPlugin",
     "TorchFSDPPlugin",
