@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-#: sequence-parallel modes of Colossal-AI ('ring' is recognised, not implemented)
+#: sequence-parallel modes of Colossal-AI
 SP_MODES = ("split_gather", "ring", "all_to_all", "ring_attn")
 
 _BOOLS = (
@@ -103,9 +103,10 @@ class HybridParallelConfig:
     """Megatron sequence parallelism (activations outside attention/MLP split along the
     sequence over the TP group)."""
     sequence_parallelism_mode: str | None = "split_gather"
-    """``'split_gather'`` (Megatron SP over the TP group), ``'all_to_all'`` (Ulysses) or
-    ``'ring_attn'`` (ring attention, zig-zag shards) over the ``sp_size`` axis; ``'ring'`` raises
-    ``NotImplementedError``."""
+    """``'split_gather'`` (Megatron SP over the TP group), ``'ring'`` (the same sharding, its
+    gather / reduce-scatter done as rings of exchanges overlapped with the matmuls), or over the
+    ``sp_size`` axis ``'all_to_all'`` (Ulysses) and ``'ring_attn'`` (ring attention, zig-zag
+    shards)."""
     enable_sequence_overlap: bool = False
     """ShardFormer: overlap SP communication with computation."""
     parallel_output: bool = True
