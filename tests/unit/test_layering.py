@@ -41,9 +41,11 @@ LAYERS: dict[str, int] = {
     "lazy": 1,
     "tensor": 1,  # ColoTensor over DTensor, sharding specs, the layout converter
     # 2 - the engines (each owns its config and checkpoint IO)
+    "auto_parallel": 2,  # ColoTracer and the activation-checkpoint search
     "ddp": 2,
     "fsdp": 2,
     "hybrid": 2,
+    "inference": 2,  # generation engine over the shardformer plans (InferenceEngine)
     "moe": 2,  # routers, experts, MoE layer, expert-parallel all-to-all
     "zero": 2,
     # 3 - the facade

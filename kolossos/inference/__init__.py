@@ -1,0 +1,19 @@
+"""Generation with Hugging Face causal LMs (GPT-2, OPT, LLaMA), tensor-parallel over ranks.
+
+:class:`InferenceEngine` shards a model with the :mod:`kolossos.shardformer` plans and decodes
+with its own key/value cache (greedy, temperature, top-k, top-p; left-padded batches). Serving
+(``kolossos serve``, batching queue, HTTP API) and pipeline-parallel generation are not built
+yet; see ``docs/inference.md``.
+
+Example:
+    >>> from kolossos.inference import InferenceConfig, InferenceEngine, SamplingConfig
+    >>> engine = InferenceEngine(model, InferenceConfig(tp_size=2))  # doctest: +SKIP
+    >>> tokens = engine.generate(input_ids, attention_mask, SamplingConfig(max_new_tokens=8))
+    ... # doctest: +SKIP
+"""
+
+from kolossos.inference.config import InferenceConfig
+from kolossos.inference.engine import InferenceEngine
+from kolossos.inference.sampling import SamplingConfig
+
+__all__ = ["InferenceConfig", "InferenceEngine", "SamplingConfig"]
