@@ -33,7 +33,7 @@ GEMINI_PLUGIN = (
     "strict_ddp_mode=False search_range_m=32 hidden_dim=None min_chunk_size_m=32 memstats=None "
     "gpu_margin_mem_ratio=0.0 initial_scale=65536 min_scale=1 growth_factor=2 backoff_factor=0.5 "
     "growth_interval=1000 hysteresis=2 max_scale=4294967296 max_norm=0.0 norm_type=2.0 "
-    "verbose=False *device=None *device_memory_budget=None"
+    "verbose=False *device=None *device_memory_budget=None *colo_process_group=None"
 )
 
 

@@ -27,10 +27,12 @@ from kolossos.booster.plugin.plugin_base import Boosted, Criterion, config_from_
 from kolossos.interface import OptimizerWrapper
 from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
 from kolossos.zero.gemini.checkpoint_io import GeminiCheckpointIO
+from kolossos.zero.gemini.colo_params import find_tp_process_group
 from kolossos.zero.gemini.gemini_config import GEMINI_PRECISIONS, GeminiConfig
 
 if TYPE_CHECKING:
     from kolossos.checkpoint_io import CheckpointIO
+    from kolossos.tensor import ProcessGroup
 
 __all__ = ["GeminiPlugin"]
 
@@ -49,6 +51,11 @@ class GeminiPlugin(DPPluginBase):
     Args: see :class:`~kolossos.zero.gemini.gemini_config.GeminiConfig` (Colossal-AI's names and
         defaults, plus ``device`` from 0.3.1 and the ``device_memory_budget`` extension; the
         seven loss-scale keywords form its ``loss_scale`` policy).
+    colo_process_group: (kolossos extension) the ``kolossos.tensor.ProcessGroup`` of a model
+        built under ``ColoInitContext`` with tensor-parallel ColoParameters (``tp_degree > 1``):
+        Gemini's chunks are then data-parallel over its dp group, ``prepare_dataloader`` shards
+        over the dp group only (the tp ranks of one dp group read the same samples) and
+        ``booster.save_model`` gathers the full Hugging Face tensors (world rank 0 writes).
 
     Raises:
         ValueError, TypeError: an invalid argument (named), before any collective.
@@ -95,10 +102,17 @@ class GeminiPlugin(DPPluginBase):
         *,
         device: torch.device | str | int | None = None,
         device_memory_budget: int | None = None,
+        colo_process_group: ProcessGroup | None = None,
     ) -> None:
-        self.config = config_from_arguments(GeminiConfig, locals())
+        arguments = {k: v for k, v in locals().items() if k != "colo_process_group"}
+        self.config = config_from_arguments(GeminiConfig, arguments)
         self.config.check_device(get_accelerator().get_current_device())
-        super().__init__()
+        self.colo_process_group = colo_process_group
+        dp_group = None
+        if colo_process_group is not None and colo_process_group.tp_world_size() > 1:
+            dp_group = colo_process_group.dp_process_group()
+        super().__init__(dp_group)
+        self._tp = dp_group is not None
         self._optimizers: weakref.WeakKeyDictionary[nn.Module, GeminiOptimizer] = (
             weakref.WeakKeyDictionary()
         )
@@ -119,6 +133,14 @@ class GeminiPlugin(DPPluginBase):
     ) -> Boosted:
         if isinstance(model, GeminiDDP):
             raise RuntimeError("the model is already a GeminiDDP; boost the plain module once.")
+        found = find_tp_process_group(model)
+        if found is not None and (not self._tp or found != self.colo_process_group):
+            raise ValueError(
+                f"the model has tensor-parallel ColoParameters on {found} but the plugin was "
+                f"given colo_process_group={self.colo_process_group}; pass "
+                "GeminiPlugin(colo_process_group=<that ProcessGroup>) so that data and chunks "
+                "are sharded over its dp group."
+            )
         wrapped = GeminiDDP(model, process_group=self.dp_group, **self.config.ddp_kwargs())
         gemini: GeminiOptimizer | None = None
         if optimizer is not None:
@@ -128,7 +150,8 @@ class GeminiPlugin(DPPluginBase):
         return wrapped, gemini, criterion, dataloader, lr_scheduler
 
     def get_checkpoint_io(self) -> CheckpointIO:
-        return GeminiCheckpointIO(self.dp_group)
+        # tensor parallel: every rank takes part in the gathers and world rank 0 writes
+        return GeminiCheckpointIO(None if self._tp else self.dp_group)
 
     def no_sync(
         self, model: nn.Module, optimizer: OptimizerWrapper | None = None

@@ -30,6 +30,7 @@ from kolossos.checkpoint_io.optim_format import load_group_hyperparameters
 from kolossos.checkpoint_io.param_names import unwrap_optimizer
 from kolossos.checkpoint_io.read_plan import ReadPlan
 from kolossos.checkpoint_io.state_check import ModelLayout
+from kolossos.zero.gemini.colo_params import has_tp_params, tp_full_shapes, tp_full_tensors
 from kolossos.zero.gemini.gemini_ddp import GeminiDDP
 from kolossos.zero.gemini.gemini_optimizer import GeminiOptimizer
 
@@ -41,7 +42,17 @@ def _ddp(model: nn.Module) -> GeminiDDP:
 
 
 def _gemini(optimizer: Any) -> GeminiOptimizer:
-    return boosted(optimizer, GeminiOptimizer, "GeminiCheckpointIO", "GeminiPlugin", "optimizer")
+    opt = boosted(optimizer, GeminiOptimizer, "GeminiCheckpointIO", "GeminiPlugin", "optimizer")
+    _no_tp(opt.module, "optimizer checkpoints")
+    return opt
+
+
+def _no_tp(model: GeminiDDP, what: str) -> None:
+    if has_tp_params(model.module):
+        raise NotImplementedError(
+            f"GeminiCheckpointIO: {what} of a model over tensor-parallel ColoParameters are not "
+            "supported; save the model with booster.save_model (full Hugging Face tensors)."
+        )
 
 
 class GeminiCheckpointIO(CheckpointIO):
@@ -61,12 +72,14 @@ class GeminiCheckpointIO(CheckpointIO):
                 "gather_dtensor=False (each rank writing its own chunk shards) is not supported "
                 "by GeminiCheckpointIO; save with gather_dtensor=True (the default)."
             )
-        yield from _ddp(model).named_full_tensors()
+        ddp = _ddp(model)  # tensor-parallel pieces are gathered over their tp group too
+        yield from tp_full_tensors(ddp.module, ddp.named_full_tensors())
 
     def model_layout(self, model: nn.Module) -> ModelLayout:
         """Global shapes of every state-dict name (tied names included) and the tied names."""
         ddp = _ddp(model)
-        return ModelLayout(dict(ddp.full_shapes()), dict(ddp.tied_aliases()))
+        shapes = tp_full_shapes(ddp.module, dict(ddp.full_shapes()))
+        return ModelLayout(shapes, dict(ddp.tied_aliases()))
 
     def model_read_plan(self, model: nn.Module) -> ReadPlan:
         """Skip the parameters that lie wholly in other ranks' chunk shards."""
@@ -75,6 +88,7 @@ class GeminiCheckpointIO(CheckpointIO):
     def load_model_piece(self, model: nn.Module, piece: dict[str, torch.Tensor]) -> None:
         """Each rank copies its slice of every tensor into its chunk shards (no communication)."""
         ddp = _ddp(model)
+        _no_tp(ddp, "loading model checkpoints")
         aliases = ddp.tied_aliases()
         items = {aliases.get(name, name): tensor for name, tensor in piece.items()}
         consumed = ddp.load_full_tensors(items.items())

@@ -30,11 +30,16 @@ from kolossos.interface.optimizer import _check_clip
 from kolossos.nn.optimizer import CPUAdam, HybridAdam
 from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
 from kolossos.zero.gemini.chunk import Chunk
+from kolossos.zero.gemini.colo_params import repoint_optimizer_params, tp_grad_norm, tp_group_of
 from kolossos.zero.gemini.full_tensors import local_range
 from kolossos.zero.gemini.gemini_ddp import GeminiDDP
 from kolossos.zero.gemini.optim_placement import host_optim_chunks, move_optim_data
 from kolossos.zero.gemini.optim_state import ShardedStateIO
-from kolossos.zero.low_level.clip import clip_by_global_norm_
+from kolossos.zero.low_level.clip import (
+    check_finite_norm,
+    clip_by_global_norm_,
+    clip_by_total_norm_,
+)
 from kolossos.zero.low_level.options import check_norm_type
 
 __all__ = ["GeminiAdamOptimizer", "GeminiOptimizer"]
@@ -101,6 +106,7 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         self.scaler: DynamicGradScaler | None = None
         if module.dtype == torch.float16:
             self.scaler = DynamicGradScaler.from_policy(self.loss_scale_policy, verbose)
+        repoint_optimizer_params(self.optim, module.module)  # ColoParameters -> their pieces
         self._names = {p: n for n, p in module.module.named_parameters()}
         self._group_names = [
             [self._names[p] for p in group["params"] if p in self._names]
@@ -208,6 +214,9 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
             if self.scaler is not None:
                 local = unscale_and_check_(self._grad_shards(), self.scaler.inv_scale)
                 found_inf = all_reduce_overflow(local, self.module.process_group)  # sync point
+                tp_group = tp_group_of(self.module.module)
+                if tp_group is not None:  # the tp ranks of a dp group skip the step together
+                    found_inf = all_reduce_overflow(found_inf, tp_group)  # sync point
             self._prepared = found_inf
         return self._prepared
 
@@ -222,6 +231,12 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         if self._prepare():
             return torch.tensor(float("inf"))
         grads, group = self._grad_shards(), self.module.process_group
+        # tensor-parallel ColoParameters: each tp piece counted once, replicated ones once
+        total = tp_grad_norm(self.module.module, self.manager, norm_type, comm_device(group))
+        if total is not None:
+            check_finite_norm(total, norm_type, error_if_nonfinite)
+            clip_by_total_norm_(grads, max_norm, total)
+            return total
         return clip_by_global_norm_(grads, max_norm, norm_type, group, comm_device(group),
                                     error_if_nonfinite)  # fmt: skip
 
