@@ -69,6 +69,7 @@ class GeminiPlugin(DPPluginBase):
     """
 
     config_factory = GeminiConfig
+    plugin_arguments = ("colo_process_group",)
 
     def __init__(
         self,
@@ -104,7 +105,7 @@ class GeminiPlugin(DPPluginBase):
         device_memory_budget: int | None = None,
         colo_process_group: ProcessGroup | None = None,
     ) -> None:
-        arguments = {k: v for k, v in locals().items() if k != "colo_process_group"}
+        arguments = {k: v for k, v in locals().items() if k not in self.plugin_arguments}
         self.config = config_from_arguments(GeminiConfig, arguments)
         self.config.check_device(get_accelerator().get_current_device())
         self.colo_process_group = colo_process_group

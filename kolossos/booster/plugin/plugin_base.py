@@ -74,6 +74,8 @@ class Plugin(ABC):
     """The engine config class (or mapping function) the constructor builds with
     :func:`config_from_arguments`; ``None`` for a plugin without one, whose
     :meth:`check_arguments` then checks the keyword names only."""
+    plugin_arguments: ClassVar[tuple[str, ...]] = ()
+    """Constructor keywords the plugin keeps for itself (not fields of the engine config)."""
 
     @classmethod
     def check_arguments(cls, **kwargs: Any) -> Any:
@@ -102,7 +104,8 @@ class Plugin(ABC):
         bound.apply_defaults()
         if cls.config_factory is None:
             return None
-        return config_from_arguments(cls.config_factory, bound.arguments)
+        arguments = {k: v for k, v in bound.arguments.items() if k not in cls.plugin_arguments}
+        return config_from_arguments(cls.config_factory, arguments)
 
     @abstractmethod
     def supported_devices(self) -> list[str]:
