@@ -26,6 +26,7 @@ __all__ = [
     "TOKENIZERS",
     "CheckpointSection",
     "DataSection",
+    "MetricsSection",
     "ModelSection",
     "SampleSection",
     "TrainConfig",
@@ -95,7 +96,7 @@ class ModelSection:
     comes from the tokenizer), or a Hugging Face causal LM from a local folder (``pretrained``)
     or config file (``config``), whose shape then comes from its ``config.json``."""
 
-    n_layer: int = 4
+    n_layer: int = 3
     """Transformer blocks."""
     n_head: int = 4
     """Attention heads per block; must divide ``n_embd``."""
@@ -205,9 +206,9 @@ NON_FINITE_POLICIES = ("stop", "skip", "rollback")
 class TrainSection:
     """``train``: optimisation, evaluation and logging."""
 
-    steps: int = 250
+    steps: int = 1000
     """Optimizer steps to train for."""
-    batch_size: int = 64
+    batch_size: int = 32
     """Global batch: sequences per optimizer step over all data-parallel ranks. It must divide
     evenly into data-parallel size x ``gradient_accumulation`` micro-batches."""
     gradient_accumulation: int = 1
@@ -216,7 +217,7 @@ class TrainSection:
     """Peak learning rate of AdamW."""
     min_lr: float | None = None
     """Learning rate at the end of the cosine decay; ``None`` means ``lr / 10``."""
-    warmup_steps: int = 20
+    warmup_steps: int = 30
     """Steps of linear warm-up from 0 to ``lr``."""
     schedule: str = "cosine"
     """After the warm-up: ``"cosine"`` decay to ``min_lr``, ``"linear"`` decay to ``min_lr``,
@@ -229,9 +230,9 @@ class TrainSection:
     """AdamW beta2."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping."""
-    eval_interval: int = 50
+    eval_interval: int = 100
     """Evaluate the validation loss every this many steps (and at the start and the end)."""
-    eval_batches: int = 4
+    eval_batches: int = 8
     """Batches of ``batch_size`` sequences in one validation pass."""
     log_interval: int = 10
     """Steps between progress lines (when the output is not a terminal) and between memory
@@ -271,7 +272,7 @@ class TrainSection:
 class CheckpointSection:
     """``checkpoint``: periodic checkpoints in ``<output_dir>/<name>/checkpoints/``."""
 
-    every: int = 50
+    every: int = 100
     """Save every this many steps (the last step is always saved)."""
     keep_last: int = 2
     """Complete checkpoints to keep; older ones are deleted after a newer one is complete."""
@@ -309,6 +310,18 @@ class SampleSection:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MetricsSection:
+    """``metrics``: where the run's numbers go besides ``metrics.jsonl`` (always written)."""
+
+    tensorboard: bool = False
+    """Also write every training and validation number as TensorBoard scalars to
+    ``<output_dir>/<name>/tensorboard/`` (rank 0; needs ``pip install tensorboard``)."""
+
+    def __post_init__(self) -> None:
+        _bool(self, "tensorboard", key="tensorboard")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """The whole ``kolossos train`` configuration (the top level of a config file)."""
 
@@ -337,6 +350,8 @@ class TrainConfig:
     """See :class:`CheckpointSection`."""
     sample: SampleSection = field(default_factory=SampleSection)
     """See :class:`SampleSection`."""
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    """See :class:`MetricsSection`."""
     export: bool = False
     """At the end of a finished run, write the last checkpoint as a Hugging Face model folder
     (model and tokenizer) to ``<output_dir>/<name>/hf/`` (``kolossos export`` does it for any

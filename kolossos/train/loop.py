@@ -328,7 +328,13 @@ class Trainer:
             self.bar = ProgressBar(t.steps, 0, t.log_interval, self.stream, self.live)
         start, state = self._resume(resume)
         if p.rank == 0:
-            self.metrics = MetricsLog(p.paths.metrics, start if resume else None)
+            scalars = None
+            if self.cfg.metrics.tensorboard:
+                from kolossos.train.metrics import tensorboard_writer
+
+                purge = start + 1 if resume and start else None
+                scalars = tensorboard_writer(p.paths.root / "tensorboard", purge)
+            self.metrics = MetricsLog(p.paths.metrics, start if resume else None, scalars)
             assert self.bar is not None
             self.bar.start = start
             seen = self.metrics.series("val", "val_loss")

@@ -9,6 +9,11 @@ Record kinds::
 ``loss`` of a train record is the mean training loss of that step over all ranks. On resume, the
 records after the checkpoint's step are dropped (they belong to the interrupted attempt), so the
 file of a resumed run equals the file of an uninterrupted one apart from timings.
+
+With ``metrics.tensorboard = true`` every number of every record is also written as a
+TensorBoard scalar tagged ``<kind>/<key>`` (``train/loss``, ``val/val_loss``,
+``train/mem_bytes/rank0``, ...) at its step, through a :class:`ScalarWriter` such as
+``torch.utils.tensorboard.SummaryWriter``.
 """
 
 from __future__ import annotations
@@ -16,9 +21,53 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["MetricsLog", "read_metrics"]
+__all__ = ["MetricsLog", "ScalarWriter", "read_metrics", "tensorboard_writer"]
+
+
+class ScalarWriter(Protocol):
+    """What :class:`MetricsLog` needs of a TensorBoard writer."""
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+def tensorboard_writer(log_dir: Path, purge_step: int | None = None) -> ScalarWriter:
+    """A ``torch.utils.tensorboard.SummaryWriter`` writing to ``log_dir``.
+
+    Args:
+        log_dir: the folder of the event files.
+        purge_step: on resume, the first step written again; TensorBoard hides the events at
+            and after it from the interrupted attempt.
+
+    Raises:
+        ModuleNotFoundError: ``tensorboard`` is not installed (``kolossos train`` checks this
+            before launch and names ``pip install tensorboard``).
+    """
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer: ScalarWriter = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+    return writer
+
+
+def _scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """``(tag, value)`` of every number in ``record`` (a list becomes one tag per rank)."""
+    kind = record.get("kind", "other")
+    out: list[tuple[str, float]] = []
+    for key, value in sorted(record.items()):
+        if key in ("kind", "step") or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            out.append((f"{kind}/{key}", float(value)))
+        elif isinstance(value, list):
+            out += [
+                (f"{kind}/{key}/rank{rank}", float(v))
+                for rank, v in enumerate(value)
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            ]
+    return out
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -40,10 +89,14 @@ class MetricsLog:
     Args:
         path: the JSONL file.
         resume_step: keep the existing records up to this step (``None``: start a new file).
+        scalars: also write every number to this TensorBoard writer (``None``: only the file).
     """
 
-    def __init__(self, path: Path, resume_step: int | None = None) -> None:
+    def __init__(
+        self, path: Path, resume_step: int | None = None, scalars: ScalarWriter | None = None
+    ) -> None:
         self.path = path
+        self.scalars = scalars
         self.records: list[dict[str, Any]] = []
         if resume_step is not None:
             self.records = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
@@ -67,6 +120,11 @@ class MetricsLog:
         self.records.append(record)
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.scalars is not None:
+            step = int(record.get("step", 0))
+            for tag, value in _scalars(record):
+                self.scalars.add_scalar(tag, value, step)
+            self.scalars.flush()  # a killed run keeps what it has shown
 
     def series(self, kind: str, key: str) -> list[tuple[int, float]]:
         """``(step, value)`` of ``key`` over the records of ``kind``."""

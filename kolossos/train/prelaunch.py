@@ -87,11 +87,21 @@ def check_dependencies(config: TrainConfig) -> None:
     """Fail early, with the install command, when an optional package the run needs is missing.
 
     Raises:
-        ConfigError: ``transformers`` (or ``tokenizers`` for BPE) is not installed.
+        ConfigError: ``transformers`` (or ``tokenizers`` for BPE, ``tensorboard`` for
+            ``metrics.tensorboard``) is not installed.
     """
     needed = [("transformers", "model", "the model")]
     if config.data.tokenizer not in ("char",):
         needed.append(("tokenizers", "data.tokenizer", "the BPE tokenizer"))
+    if config.metrics.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "metrics.tensorboard",
+            True,
+            problem="metrics.tensorboard = true writes TensorBoard scalars, which needs the "
+            "'tensorboard' package; it is not installed.",
+            hint="Install it: pip install tensorboard (or set metrics.tensorboard=false; "
+            "metrics.jsonl is written either way).",
+        )
     for module, key, what in needed:
         if importlib.util.find_spec(module) is None:
             raise ConfigError(

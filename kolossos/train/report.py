@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from kolossos.train.metrics import MetricsLog
 from kolossos.train.progress import format_bytes, format_duration
 from kolossos.train.setup import RunParts
 
-__all__ = ["banner", "finish", "generate_sample"]
+__all__ = ["banner", "finish", "generate_sample", "perplexity"]
 
 
 def _where(path: Path) -> str:
@@ -77,6 +78,11 @@ def generate_sample(parts: RunParts, checkpoint: Path) -> str:
     return c.sample.prompt + tokenizer.decode(ids)
 
 
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` of a mean per-token cross-entropy in nats (``inf`` where that overflows)."""
+    return math.exp(loss) if loss < 700 else math.inf
+
+
 def _summary(parts: RunParts, result: RunResult, metrics: MetricsLog) -> dict[str, Any]:
     val = metrics.series("val", "val_loss")
     train = metrics.series("train", "loss")
@@ -89,6 +95,7 @@ def _summary(parts: RunParts, result: RunResult, metrics: MetricsLog) -> dict[st
         "initial_val_loss": val[0][1] if val else None,
         "final_val_loss": val[-1][1] if val else None,
         "val_loss_drop": (1 - val[-1][1] / val[0][1]) if len(val) > 1 else None,
+        "final_val_perplexity": perplexity(val[-1][1]) if val else None,
         "final_train_loss": sum(tail) / len(tail) if tail else None,
         "tokens_per_s": tokens / result.train_time_s if result.train_time_s else None,
         "train_time_s": result.train_time_s,
@@ -130,6 +137,11 @@ def finish(parts: RunParts, result: RunResult, metrics: MetricsLog, wall_s: floa
         lines.append(
             f"  validation loss  {summary['initial_val_loss']:.4f} -> "
             f"{summary['final_val_loss']:.4f} ({-summary['val_loss_drop']:+.0%})"
+        )
+    if summary["final_val_perplexity"] is not None:
+        lines.append(
+            f"  val perplexity   {summary['final_val_perplexity']:.2f} "
+            f"(exp of the validation loss, per token)"
         )
     if summary["final_train_loss"] is not None:
         lines.append(f"  training loss    {summary['final_train_loss']:.4f} (last steps' mean)")

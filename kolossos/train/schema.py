@@ -13,6 +13,7 @@ from typing import Any
 from kolossos.train.config import (
     CheckpointSection,
     DataSection,
+    MetricsSection,
     ModelSection,
     SampleSection,
     TrainConfig,
@@ -36,6 +37,7 @@ SECTIONS: dict[str, type[Any]] = {
     "train": TrainSection,
     "checkpoint": CheckpointSection,
     "sample": SampleSection,
+    "metrics": MetricsSection,
 }
 #: top-level keys whose values are free-form tables (their inner keys are not schema keys)
 FREE_TABLES = ("plugin_kwargs",)

@@ -5,7 +5,9 @@ command, which finishes the run and writes every output."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -67,8 +69,16 @@ def write_config(folder: Path, steps: int, every: int) -> Path:
         (["sample.prompt=\u20ac"], ["sample.prompt", "cannot encode"]),
         (["--master_port", "70000"], ["--master_port 70000", "1..65535"]),
         (["--resume"], ["no complete checkpoint", "--resume=auto"]),
+        pytest.param(
+            ["metrics.tensorboard=true"],
+            ["metrics.tensorboard", "pip install tensorboard"],
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("tensorboard") is not None,
+                reason="tensorboard is installed: nothing to refuse",
+            ),
+        ),
     ],
-    ids=["batch", "corpus", "plugin-value", "prompt", "port", "resume"],
+    ids=["batch", "corpus", "plugin-value", "prompt", "port", "resume", "tensorboard"],
 )
 def test_config_error_starts_nothing(tmp_path: Path, args: list[str], needles: list[str]) -> None:
     done = subprocess.run(
@@ -106,6 +116,7 @@ def check_outputs(run: Path, steps: int) -> None:
     assert len(kept) == 2 and kept[-1] == f"step_{steps:06d}", kept  # keep_last = 2
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == steps and summary["final_val_loss"] < summary["initial_val_loss"]
+    assert summary["final_val_perplexity"] == pytest.approx(math.exp(summary["final_val_loss"]))
     assert len(summary["peak_mem_bytes"]) == 2
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if r["kind"] == "train"]

@@ -101,7 +101,7 @@ def test_cli_reports_errors_in_one_paragraph_before_starting_anything(
         ([*base, "train.lr=-1"], "train.lr = -1"),
         ([*base, "modle.n_layer=2"], "Did you mean 'model.n_layer'?"),
         ([*base, "--nproc_per_node", "0"], "--nproc_per_node = 0"),
-        ([*base, "--nproc_per_node", "3"], "train.batch_size = 64"),
+        ([*base, "--nproc_per_node", "3"], "train.batch_size = 32"),
         ([*base, "plugin=torch_dpp"], "Did you mean 'torch_ddp'?"),
         ([*base, "plugin_kwargs.bucket_cap=1"], "Did you mean 'plugin_kwargs.bucket_cap_mb'?"),
         ([*base, str(tmp_path / "missing.toml")], "does not exist"),
@@ -261,7 +261,7 @@ def test_run_folder_rules(tmp_path: Path) -> None:
     assert prepare_run_folder(config, resume=True, overwrite=False) == paths
     changed = load_config(None, [f"output_dir={tmp_path}", "name=r", "model.n_layer=1"])
     exc = raised(prepare_run_folder, changed, resume=True, overwrite=False)
-    assert_one_paragraph(exc, "model.n_layer: 4 -> 1")
+    assert_one_paragraph(exc, "model.n_layer: 3 -> 1")
     prepare_run_folder(changed, resume=False, overwrite=True)
     assert paths.latest_checkpoint() is None
 
