@@ -16,9 +16,9 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     echo "[setup] installing torch==2.13.0 (CPU wheel)"
     pip install -q "torch==2.13.0" numpy
 fi
-if ! "$VENV/bin/python" -c "import kolossos, pytest, ruff, mypy, transformers, safetensors, matplotlib" \
-        >/dev/null 2>&1; then
-    echo "[setup] installing kolossos with the hf, train and dev extras"
-    pip install -q -e ".[hf,train,dev]"
+NEEDED="kolossos, pytest, ruff, mypy, transformers, safetensors, matplotlib, fastapi, uvicorn, httpx"
+if ! "$VENV/bin/python" -c "import $NEEDED" >/dev/null 2>&1; then
+    echo "[setup] installing kolossos with the hf, train, dev and serve extras"
+    pip install -q -e ".[hf,train,dev,serve]"
 fi
 echo "[setup] ready: $("$VENV/bin/python" -c 'import torch, kolossos; print("kolossos", kolossos.__version__, "torch", torch.__version__)')"

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kolossos.cli.generate",
         "sample text from a kolossos train run or a Hugging Face model folder",
     ),
+    "serve": ("kolossos.cli.serve", "serve a model folder over an OpenAI-compatible HTTP API"),
     "plan": (
         "kolossos.cli.plan",
         "choose a plugin and layout that fits a model in a memory budget",

@@ -1,9 +1,12 @@
 """Generation with Hugging Face causal LMs (GPT-2, OPT, LLaMA), tensor-parallel over ranks.
 
 :class:`InferenceEngine` shards a model with the :mod:`kolossos.shardformer` plans and decodes
-with its own key/value cache (greedy, temperature, top-k, top-p; left-padded batches). Serving
-(``kolossos serve``, batching queue, HTTP API) and pipeline-parallel generation are not built
-yet; see ``docs/inference.md``.
+with its own key/value cache (greedy, temperature, top-k, top-p; left-padded batches).
+``kolossos serve`` builds on it: :mod:`~kolossos.inference.batching` (continuous and static
+batching), :mod:`~kolossos.inference.scheduler` (FIFO queue, the loop every tensor-parallel rank
+runs), :mod:`~kolossos.inference.result_cache` and :mod:`~kolossos.inference.http_api` (FastAPI,
+imported only by the server). Pipeline-parallel generation is not built; see
+``docs/inference.md``.
 
 Example:
     >>> from kolossos.inference import InferenceConfig, InferenceEngine, SamplingConfig

@@ -101,6 +101,15 @@ class InferenceEngine:
         """Where the model's weights, and the returned tokens, live."""
         return next(self.model.parameters()).device
 
+    @property
+    def cache_keyword(self) -> str:
+        """The model's KV cache argument name (``cache`` or ``past_key_values``)."""
+        return self._cache_keyword
+
+    def sync_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Make ``tokens`` those of the group's first rank (a broadcast; identity at tp 1)."""
+        return self._sync(tokens)
+
     def _sync(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.tp_group is None:
             return tokens
