@@ -97,6 +97,9 @@ class HybridParallelEngine:
         NotImplementedError: a ShardFormer option that is not implemented (named).
     """
 
+    pipeline_class: type[PipelineRuntime] = PipelineRuntime
+    """The pipeline runtime built with ``pp_size > 1`` (a subclass may adapt its steps)."""
+
     def __init__(self, config: HybridParallelConfig) -> None:
         check_shard_options(config)
         dp_size = check_world(config, dist.get_world_size())
@@ -113,7 +116,7 @@ class HybridParallelEngine:
         #: which optimizer owns each sharded parameter (read by the checkpoint IO)
         self.owners = ParamOwners()
         # the schedule is built here so a bad chunk count fails before the model is touched
-        self.pipeline = PipelineRuntime(config, self.mesh) if config.pp_size > 1 else None
+        self.pipeline = self.pipeline_class(config, self.mesh) if config.pp_size > 1 else None
 
     def boost(
         self, model: nn.Module, optimizer: Optimizer | None
@@ -166,10 +169,7 @@ class HybridParallelEngine:
         wrapped = HybridPipelineModule(chunks, self.config.dtype, pipeline)
         if optimizer is None:
             return wrapped, None
-        repoint_optimizer(optimizer, names, sharded)
-        local = set(wrapped.chunks.parameters())
-        for group in optimizer.param_groups:
-            group["params"] = [p for p in group["params"] if p in local]
+        repoint_optimizer(optimizer, names, sharded, keep=wrapped.chunks)
         opt = build_optimizer(optimizer, self.config, self.mesh, pipeline.names)
         if isinstance(opt, HybridZeroOptimizer) and self.config.overlap_allgather:
             opt.install_gather_hooks(wrapped.chunks)

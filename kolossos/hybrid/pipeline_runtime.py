@@ -224,6 +224,13 @@ class PipelineRuntime:
         for g in grads:
             g.div_(size)
 
+    def backward_plan(
+        self, optimizer: OptimizerWrapper | None
+    ) -> tuple[float, AbstractContextManager[Any], Any]:
+        """``(loss factor, context around the schedule, backward router for the schedule)``
+        for ``optimizer`` (a subclass may plan for its own optimizers)."""
+        return _backward_plan(optimizer)
+
     def run(
         self,
         chunks: nn.ModuleList,
@@ -236,7 +243,7 @@ class PipelineRuntime:
         """One step: schedule (scaled loss), tied sum, data-parallel average. Several calls
         before ``optimizer.step()`` accumulate gradients correctly (the tied sum covers each
         call's part once; averaging already-equal gradients again changes nothing)."""
-        factor, scope, backward = _backward_plan(optimizer)
+        factor, scope, backward = self.backward_plan(optimizer)
         device = next(chunks.parameters()).device
         batches = (cast_floating(batch, self.config.dtype, device) for batch in data_iter)
 

@@ -145,9 +145,15 @@ def check_fresh(optimizer: Optimizer, names: dict[torch.Tensor, str]) -> None:
 
 
 def repoint_optimizer(
-    optimizer: Optimizer, names: dict[torch.Tensor, str], sharded: nn.Module
+    optimizer: Optimizer,
+    names: dict[torch.Tensor, str],
+    sharded: nn.Module,
+    keep: nn.Module | None = None,
 ) -> None:
-    """Swap each optimizer entry for the parameter living under its name in ``sharded``."""
+    """Swap each optimizer entry for the parameter living under its name in ``sharded``; with
+    ``keep`` (a rank's pipeline stage chunks), drop the entries ``keep`` does not hold."""
     current = dict(sharded.named_parameters(remove_duplicate=False))
+    local = None if keep is None else set(keep.parameters())
     for group in optimizer.param_groups:
-        group["params"] = [current[names[p]] for p in group["params"]]
+        params = [current[names[p]] for p in group["params"]]
+        group["params"] = params if local is None else [p for p in params if p in local]

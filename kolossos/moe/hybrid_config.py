@@ -42,12 +42,6 @@ class MoeHybridParallelConfig(HybridParallelConfig):
                 "does not combine tensor parallelism with expert parallelism (as Colossal-AI "
                 "documents); set tp_size=1, or use HybridParallelPlugin for a dense model."
             )
-        if self.pp_size > 1:
-            raise NotImplementedError(
-                f"pp_size={self.pp_size} with MoeHybridParallelPlugin: pipeline stages of an "
-                "expert-parallel model are not implemented in this version; set pp_size=1 "
-                "(expert x data parallelism, ZeRO-1/2)."
-            )
         if self.sp_axis_size > 1 or self.enable_sequence_parallelism:
             raise NotImplementedError(
                 "enable_sequence_parallelism=True with MoeHybridParallelPlugin: sequence "
@@ -58,12 +52,6 @@ class MoeHybridParallelConfig(HybridParallelConfig):
                 f"precision='fp16' with zero_stage={self.zero_stage} and expert parallelism: "
                 "the dense and expert ZeRO partitions would need one shared loss scale; use "
                 "precision='bf16' or 'fp32' (or zero_stage=0)."
-            )
-        if self.max_norm > 0:
-            raise NotImplementedError(
-                f"max_norm={self.max_norm} with expert parallelism: clipping by the norm over "
-                "dense and expert shards is not implemented; use max_norm=0 (or "
-                "clip_grad_by_value)."
             )
         if self.overlap_allgather:
             raise NotImplementedError(

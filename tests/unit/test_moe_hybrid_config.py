@@ -24,8 +24,6 @@ def test_bad_sizes() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"pp_size": 2, "num_microbatches": 2}, r"pp_size=2"),
-        ({"max_norm": 1.0}, r"max_norm=1.0"),
         ({"zero_stage": 1, "precision": "fp16"}, r"precision='fp16' with zero_stage=1"),
         ({"zero_stage": 1, "precision": "bf16", "overlap_allgather": True}, "overlap_allgather"),
     ],

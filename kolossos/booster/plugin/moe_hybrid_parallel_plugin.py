@@ -35,8 +35,12 @@ class MoeHybridParallelPlugin(HybridParallelPlugin):
     blocks computing the same function (Hugging Face routing, no token dropped).
 
     This version composes expert parallelism with data parallelism and ZeRO-1/2 in fp32 / bf16
-    (fp16 with DDP); ``tp_size > 1``, ``pp_size > 1``, sequence parallelism, gradient clipping
-    by norm and optimizer checkpoints raise ``NotImplementedError`` naming the option.
+    (fp16 with DDP), with pipeline stages for Mixtral (``booster.execute_pipeline``; the
+    expert-parallel groups lie inside each stage's data-parallel ranks), clipping by the global
+    norm (``max_norm``) and name-keyed optimizer checkpoints that reload at another ``ep_size``
+    (``pp_size=1``); ``tp_size > 1``, sequence parallelism, checkpoints with ``pp_size > 1`` and
+    ``output_router_logits=True`` with ``pp_size > 1`` raise ``NotImplementedError`` naming the
+    option.
 
     Args: see :class:`~kolossos.moe.hybrid_config.MoeHybridParallelConfig` (Colossal-AI's
         names; ``tp_size`` / ``pp_size`` / ``ep_size`` in Colossal-AI's positional order).
@@ -136,7 +140,7 @@ class MoeHybridParallelPlugin(HybridParallelPlugin):
         return self.moe_engine.moe_info
 
     def support_pipeline(self) -> bool:
-        return False
+        return self.config.pp_size > 1
 
     def __repr__(self) -> str:
         m = self.mesh
