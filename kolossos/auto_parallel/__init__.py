@@ -6,37 +6,32 @@
   dynamic program choosing which segments of a chain of blocks to recompute under an activation
   memory budget, and the code that applies its plan with ``torch.utils.checkpoint``.
 
-The sharding-strategy solver and :func:`autoparallelize` are not built yet (see
-``docs/auto_parallel.md``).
+* :func:`autoparallelize` (first version, MLP chains on a 1-d mesh): per-operator strategies
+  (:mod:`~kolossos.auto_parallel.strategies`), a dynamic-programming solver under a per-rank
+  memory budget (:mod:`~kolossos.auto_parallel.solver`) and the plan applied with DTensor
+  column/row parallel styles or data parallelism (:mod:`~kolossos.auto_parallel.apply`). See
+  ``docs/auto_parallel.md``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
+from kolossos.auto_parallel.apply import AutoParallelModule
+from kolossos.auto_parallel.autoparallelize import autoparallelize
+from kolossos.auto_parallel.solver import InfeasibleBudgetError, Plan, solve_chain
+from kolossos.auto_parallel.strategies import CostModel, UnsupportedOperatorError
 from kolossos.auto_parallel.traced_graph import NodeInfo, TracedGraph, TracingError
 from kolossos.auto_parallel.tracer import ColoTracer
 
-__all__ = ["ColoTracer", "NodeInfo", "TracedGraph", "TracingError", "autoparallelize"]
-
-
-def autoparallelize(
-    model: torch.nn.Module,
-    meta_input_samples: Any = None,
-    device_mesh: Any = None,
-    memory_budget: float | None = None,
-    **kwargs: Any,
-) -> torch.nn.Module:
-    """Colossal-Auto's one-line entry point: not implemented yet.
-
-    Raises:
-        NotImplementedError: always; the sharding-strategy solver it needs is not built.
-    """
-    raise NotImplementedError(
-        "autoparallelize is not implemented in kolossos yet: the per-operator sharding-strategy "
-        "solver is not built. What exists: ColoTracer (kolossos.auto_parallel) and the "
-        "activation-checkpoint search (kolossos.auto_parallel.checkpoint.CheckpointSolverRotor). "
-        "Use a Booster plugin (e.g. HybridParallelPlugin) for parallel training meanwhile."
-    )
+__all__ = [
+    "AutoParallelModule",
+    "ColoTracer",
+    "CostModel",
+    "InfeasibleBudgetError",
+    "NodeInfo",
+    "Plan",
+    "TracedGraph",
+    "TracingError",
+    "UnsupportedOperatorError",
+    "autoparallelize",
+    "solve_chain",
+]
