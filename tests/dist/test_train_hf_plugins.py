@@ -143,3 +143,44 @@ def test_every_plugin_fine_tunes_the_same(tmp_path: Path, llama: tuple[Path, Pat
         torch.testing.assert_close(losses, reference, atol=LOW_ATOL, rtol=0, msg=name)
         trained = snapshot(load_run_model(tmp_path / name).model.named_parameters())
         assert_moved(start, trained, ATOL)
+
+
+#: 4-process runs: data parallel, and the model split 2 x 2 (tp x pp) or tp x (dp ZeRO)
+RUNS_4: dict[str, list[str]] = {
+    "ddp4": ["plugin=torch_ddp"],
+    "zero2-4": ["plugin=low_level_zero", "plugin_kwargs.stage=2"],
+    "tp2-pp2": [
+        "plugin=hybrid_parallel",
+        "plugin_kwargs.tp_size=2",
+        "plugin_kwargs.pp_size=2",
+        "plugin_kwargs.num_microbatches=2",
+    ],
+    "tp2-dp2-zero1": [
+        "plugin=hybrid_parallel",
+        "plugin_kwargs.tp_size=2",
+        "plugin_kwargs.zero_stage=1",
+    ],
+}
+
+
+@distributed(4)
+def test_four_processes_fine_tune_the_same(tmp_path: Path, llama: tuple[Path, Path]) -> None:
+    model_dir, data = llama
+    for name, extra in RUNS_4.items():
+        config = _config(tmp_path, model_dir, data, name, [*extra, "nproc_per_node=4"])
+        assert run_worker(config, stream=io.StringIO(), install_signals=False) == 0, name
+        dist.barrier()
+    if dist.get_rank() != 0:
+        return
+    reference = _losses(tmp_path, "ddp4")
+    assert len(reference) == STEPS
+    from transformers import AutoModelForCausalLM
+
+    start = snapshot(AutoModelForCausalLM.from_pretrained(str(model_dir)).named_parameters())
+    final = snapshot(load_run_model(tmp_path / "ddp4").model.named_parameters())
+    assert_moved(start, final, ATOL)
+    for name in RUNS_4:
+        torch.testing.assert_close(_losses(tmp_path, name), reference, atol=ATOL, rtol=0, msg=name)
+        trained = snapshot(load_run_model(tmp_path / name).model.named_parameters())
+        for key, value in final.items():
+            torch.testing.assert_close(trained[key], value, atol=ATOL, rtol=0, msg=f"{name} {key}")
