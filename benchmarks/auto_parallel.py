@@ -1,6 +1,6 @@
 """Predicted vs measured step time and peak memory of ``autoparallelize`` plans on CPU ranks.
 
-Run ``python -m kolossos.auto_parallel.benchmark`` (spawns gloo ranks on this machine). Each rank
+Run ``python -m benchmarks.auto_parallel`` (spawns gloo ranks on this machine). Each rank
 measures its matmul rate and the gloo all-reduce latency/bandwidth, builds a :class:`CostModel`
 from them, solves the best data-parallel and the best tensor-parallel plan of a 4-layer MLP
 (marking the one :func:`autoparallelize` would choose without a budget), then times training
