@@ -18,6 +18,7 @@ from kolossos.inference.config import InferenceConfig
 from kolossos.inference.decoding import DecodeRequest, decode
 from kolossos.inference.inputs import check_prompts, check_same_prompts
 from kolossos.inference.loading import load_causal_lm
+from kolossos.inference.pipeline import PipelineStage, pp_group, split_for_pipeline
 from kolossos.inference.sampling import SamplingConfig
 from kolossos.inference.sharding import (
     check_causal_lm,
@@ -47,7 +48,8 @@ def _tp_group(tp_size: int) -> ProcessGroup:
 
 
 class InferenceEngine:
-    """Generates text tokens with GPT-2, OPT or LLaMA, tensor-parallel over ``tp_size`` ranks.
+    """Generates text tokens with GPT-2, OPT or LLaMA, tensor-parallel over ``tp_size`` ranks
+    or pipeline-parallel over ``pp_size`` stages (:mod:`kolossos.inference.pipeline`).
 
     Every rank of a tensor-parallel group builds the same engine and calls :meth:`generate` with
     the same inputs; every rank returns the same tokens.
@@ -89,12 +91,19 @@ class InferenceEngine:
         check_causal_lm(model)
         self.config = config
         self.tp_group: ProcessGroup | None = None
+        """The group whose ranks compute one replica: tensor- or pipeline-parallel."""
+        self._cache_keyword = cache_keyword(model)
         model = model.to(get_accelerator().get_current_device()).eval()
+        self._stage: PipelineStage | None = None
         if config.tp_size > 1:
             self.tp_group = _tp_group(config.tp_size)
             model = shard_causal_lm(model, self.tp_group)
+        elif config.pp_size > 1:
+            self.tp_group = pp_group(config.pp_size)
+            stage = dist.get_rank(self.tp_group)
+            self._stage = split_for_pipeline(model, stage, config.pp_size)
+            self._stage.group = self.tp_group
         self.model = model
-        self._cache_keyword = cache_keyword(model)
 
     @property
     def device(self) -> torch.device:
@@ -113,9 +122,11 @@ class InferenceEngine:
     def _sync(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.tp_group is None:
             return tokens
-        # sync point: the group's first rank decides, so ranks never diverge, even if their
-        # logits differed in the last bit
-        dist.broadcast(tokens, src=dist.get_global_rank(self.tp_group, 0), group=self.tp_group)
+        # sync point: the group's first rank decides (under pipeline parallelism the last stage,
+        # the only one with logits), so ranks never diverge, even if their logits differed in
+        # the last bit
+        source = self.tp_group.size() - 1 if self._stage is not None else 0
+        dist.broadcast(tokens, src=dist.get_global_rank(self.tp_group, source), group=self.tp_group)
         return tokens
 
     def generate(
@@ -161,7 +172,7 @@ class InferenceEngine:
             check_same_prompts(ids, mask, self.tp_group)
         request = self._request(ids, mask, sampling)
         return decode(
-            self.model,
+            self._stage if self._stage is not None else self.model,
             request,
             sampling,
             cache_keyword=self._cache_keyword,

@@ -78,6 +78,11 @@ class Scheduler:
     def __init__(
         self, engine: InferenceEngine, config: BatchingConfig, *, idle_wait_s: float = 0.5
     ) -> None:
+        if engine.config.pp_size > 1:
+            raise NotImplementedError(
+                f"Scheduler with InferenceConfig(pp_size={engine.config.pp_size}): serving is "
+                "tensor-parallel only; use engine.generate for pipeline-parallel generation."
+            )
         self.engine = engine
         self.config = config
         self.eos_token_ids, pad = model_eos_and_pad(engine)

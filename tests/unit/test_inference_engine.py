@@ -96,7 +96,7 @@ def test_inference_config_errors() -> None:
     with pytest.raises(ValueError, match="tp_size"):
         InferenceConfig(tp_size=0)
     with pytest.raises(NotImplementedError, match="pipeline-parallel"):
-        InferenceConfig(pp_size=2)
+        InferenceConfig(tp_size=2, pp_size=2)
     with pytest.raises(RuntimeError, match=r"torch\.distributed"):
         InferenceEngine(gpt2(), InferenceConfig(tp_size=2))
     with pytest.raises(TypeError, match="InferenceConfig"):
