@@ -1,15 +1,13 @@
 """Column- and row-parallel linear layers (Megatron 1D), with Megatron sequence parallelism.
 
-* :class:`Linear1D_Col` splits the output features: ``Y_i = X A_i``. The input is replicated
-  (its gradient is summed over the group) or, under sequence parallelism, a sequence shard that is
-  all-gathered first. The output stays split unless ``gather_output``.
-* :class:`Linear1D_Row` splits the input features: ``Z = sum_i Y_i B_i``. The partial products are
-  all-reduced, or reduce-scattered along the sequence under sequence parallelism.
+* :class:`Linear1D_Col` splits the output features: ``Y_i = X A_i``, from a replicated input or,
+  under sequence parallelism, an all-gathered sequence shard; split unless ``gather_output``.
+* :class:`Linear1D_Row` splits the input features: ``Z = sum_i Y_i B_i``, all-reduced (or
+  reduce-scattered along the sequence under sequence parallelism; as a ring under ``'ring'``).
 
-Both keep the weight in the layout of the module they were built from (``nn.Linear``:
-``(out, in)``; Hugging Face ``Conv1D``: ``(in, out)``) under the same parameter names, so a
-state dict keeps its keys; each sharded parameter carries a
-:class:`~kolossos.nn.layer.parallel_1d.sharding.TPShardSpec`.
+Both keep the weight in the layout of the module they were built from (``nn.Linear``: ``(out,
+in)``; Hugging Face ``Conv1D``: ``(in, out)``) under the same parameter names; each sharded
+parameter carries a :class:`~kolossos.nn.layer.parallel_1d.sharding.TPShardSpec`.
 """
 
 from __future__ import annotations
