@@ -1,17 +1,21 @@
-"""``kolossos serve MODEL_DIR [--tp N] [--port P] [--host H]``: an OpenAI-compatible completion
-server for a local Hugging Face causal LM (GPT-2, OPT, LLaMA), tensor-parallel over ``--tp``
-processes.
+"""``kolossos serve MODEL_DIR [--tp N] [--pp N] [--port P] [--host H]``: an OpenAI-compatible
+completion server for a local Hugging Face causal LM (GPT-2, OPT, LLaMA), tensor-parallel over
+``--tp`` processes per pipeline stage and pipeline-parallel over ``--pp`` stages.
 
-With ``--tp N > 1`` this process is rank 0: it starts ranks 1..N-1 as child processes (the same
-command with a hidden ``--rank``), joins them in a process group, and runs the HTTP server; the
-others run the decoding loop, receiving each step's batch from rank 0. SIGINT or SIGTERM on
-rank 0 stops the server, ends the loop on every rank, and waits for the children (killed after
-``--shutdown-grace`` seconds). The children ignore SIGINT (a Ctrl-C reaches the whole terminal
-process group; rank 0 decides) and die with rank 0 if it is killed.
+With ``--tp`` x ``--pp`` = N > 1 processes, this process is rank 0: it starts ranks 1..N-1 as
+child processes (the same command with a hidden ``--rank``), joins them in a process group, and
+runs the HTTP server; the others run the decoding loop, receiving each step's batch from rank 0.
+SIGINT or SIGTERM on rank 0 stops the server, ends the loop on every rank, and waits for the
+children (killed after ``--shutdown-grace`` seconds). The children ignore SIGINT (a Ctrl-C
+reaches the whole terminal process group; rank 0 decides) and die with rank 0 if it is killed.
+
+``MODEL_DIR`` may instead be a ``CONFIG.py`` with Energon-AI's ``opt_config.py`` keys
+(:mod:`kolossos.cli.serve_config`); options given on the command line override its keys.
 
 Example::
 
     kolossos serve ./opt-125m --tp 2 --port 8020
+    kolossos serve ./opt_config.py
     curl localhost:8020/v1/completions -H 'content-type: application/json' \\
         -d '{"prompt": "Hello", "max_tokens": 16, "temperature": 0}'
 """
@@ -28,6 +32,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kolossos.cli.serve_config import ServeConfigError, read_serve_config
+
 PROG = "kolossos serve"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 INSTALL_HINT = "kolossos serve needs FastAPI and uvicorn: pip install 'kolossos[serve]'"
@@ -38,11 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Serve a local Hugging Face causal LM (GPT-2, OPT, LLaMA) over an "
-        "OpenAI-compatible HTTP API (POST /v1/completions, GET /health, /docs), "
-        "tensor-parallel over --tp processes.",
+        "OpenAI-compatible HTTP API (POST /v1/completions, /v1/chat/completions, GET /health, "
+        "/docs), "
+        "tensor-parallel over --tp processes per stage, pipeline-parallel over --pp stages.",
     )
-    p.add_argument("model_dir", metavar="MODEL_DIR", help="a save_pretrained folder + tokenizer")
+    p.add_argument(
+        "model_dir", metavar="MODEL_DIR",
+        help="a save_pretrained folder + tokenizer, or a CONFIG.py with Energon-AI's opt_config.py "
+        "keys (model_class, checkpoint, tp_init_size, ...; command-line options override it)",
+    )  # fmt: skip
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel processes (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1); --tp x --pp "
+                   "processes in all")  # fmt: skip
     p.add_argument("--port", type=int, default=8020, help="HTTP port (default 8020)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1)")
     p.add_argument("--batching", choices=("continuous", "static"), default="continuous")
@@ -51,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-list-size", type=int, default=2, help="results kept per key")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     p.add_argument("--model-name", default=None, help="the API's model name (default: folder)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: MODEL_DIR)")
     p.add_argument("--shutdown-grace", type=float, default=30.0, help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--rdzv-port", type=int, default=0, help=argparse.SUPPRESS)
@@ -78,7 +92,7 @@ def _spawn_ranks(argv: list[str], args: argparse.Namespace) -> list[subprocess.P
     base = [sys.executable, "-m", "kolossos.cli.serve", *argv]
     return [
         subprocess.Popen([*base, "--rank", str(rank), "--rdzv-port", str(args.rdzv_port)])
-        for rank in range(1, args.tp)
+        for rank in range(1, args.tp * args.pp)
     ]
 
 
@@ -87,12 +101,15 @@ def _engine(args: argparse.Namespace) -> Any:
     from kolossos.accelerator import get_accelerator
     from kolossos.inference import InferenceConfig, InferenceEngine
 
-    if args.tp > 1:
+    world = args.tp * args.pp
+    if world > 1:
         kolossos.launch(
-            {}, rank=args.rank, world_size=args.tp, host="127.0.0.1", port=args.rdzv_port,
+            {}, rank=args.rank, world_size=world, host="127.0.0.1", port=args.rdzv_port,
             backend=get_accelerator().communication_backend, verbose=False, timeout=300,
         )  # fmt: skip
-    config = InferenceConfig(tp_size=args.tp, max_batch_size=args.executor_max_batch_size)
+    config = InferenceConfig(
+        tp_size=args.tp, pp_size=args.pp, max_batch_size=args.executor_max_batch_size
+    )
     return InferenceEngine(args.model_dir, config)
 
 
@@ -117,7 +134,7 @@ def _serve(args: argparse.Namespace, scheduler: Any) -> None:
     from kolossos.inference.sharding import context_length
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(
-        args.model_dir, local_files_only=True, trust_remote_code=False
+        args.tokenizer or args.model_dir, local_files_only=True, trust_remote_code=False
     )
     limits = ApiLimits(
         model_name=args.model_name or Path(args.model_dir).resolve().name,
@@ -136,8 +153,9 @@ def _serve(args: argparse.Namespace, scheduler: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    if args.tp < 1:
-        return f"--tp {args.tp} must be >= 1"
+    for flag in ("tp", "pp"):
+        if getattr(args, flag) < 1:
+            return f"--{flag} {getattr(args, flag)} must be >= 1"
     if args.executor_max_batch_size < 1 or args.cache_size < 0 or args.cache_list_size < 1:
         return (
             "--executor-max-batch-size and --cache-list-size must be >= 1, --cache-size >= 0 "
@@ -148,9 +166,10 @@ def _check(args: argparse.Namespace) -> str | None:
     folder = Path(args.model_dir)
     if not (folder / "config.json").is_file():
         return f"{args.model_dir!r} is not a Hugging Face model folder (no config.json)"
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+    tokenizer = Path(args.tokenizer or args.model_dir)
+    if not any((tokenizer / name).is_file() for name in TOKENIZER_FILES):
         return (
-            f"{args.model_dir!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); save the "
+            f"{str(tokenizer)!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); save the "
             "model's tokenizer into it with tokenizer.save_pretrained(MODEL_DIR)"
         )
     try:
@@ -161,10 +180,38 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _apply_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
+) -> str | None:
+    """With ``MODEL_DIR`` a ``.py`` file: its keys set the options not given on the command
+    line; the problem with the file, if any."""
+    path = Path(args.model_dir)
+    if path.suffix != ".py":
+        return None
+    if not path.is_file():
+        return f"config file {args.model_dir!r} does not exist"
+    try:
+        options = read_serve_config(path)
+    except ServeConfigError as err:
+        return str(err)
+    given = {
+        action.dest
+        for action in parser._actions
+        for flag in action.option_strings
+        if any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+    }
+    for option, value in options.items():
+        if option not in given:
+            setattr(args, option, value)
+    return None
+
+
 def main(argv: list[str]) -> int:
     """Run ``kolossos serve``; 0 after a clean shutdown, 2 for a usage error."""
-    args = build_parser().parse_args(argv)
-    problem = _check(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = _apply_config(parser, args, argv)
+    problem = problem or _check(args)
     if problem is not None:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
@@ -177,7 +224,7 @@ def main(argv: list[str]) -> int:
         return 0
     children: list[subprocess.Popen[bytes]] = []
     clean = True
-    if args.tp > 1:
+    if args.tp * args.pp > 1:
         args.rdzv_port = _free_port()
         children = _spawn_ranks(argv, args)
     try:

@@ -1,12 +1,14 @@
-"""Generation with Hugging Face causal LMs (GPT-2, OPT, LLaMA), tensor-parallel over ranks.
+"""Generation with Hugging Face causal LMs (GPT-2, OPT, LLaMA), tensor- and pipeline-parallel.
 
-:class:`InferenceEngine` shards a model with the :mod:`kolossos.shardformer` plans and decodes
-with its own key/value cache (greedy, temperature, top-k, top-p; left-padded batches).
-``kolossos serve`` builds on it: :mod:`~kolossos.inference.batching` (continuous and static
-batching), :mod:`~kolossos.inference.scheduler` (FIFO queue, the loop every tensor-parallel rank
-runs), :mod:`~kolossos.inference.result_cache` and :mod:`~kolossos.inference.http_api` (FastAPI,
-imported only by the server). Pipeline-parallel generation is not built; see
-``docs/inference.md``.
+:class:`InferenceEngine` shards a model with the :mod:`kolossos.shardformer` plans, splits its
+blocks over pipeline stages (:mod:`~kolossos.inference.pipeline`), or both
+(:mod:`~kolossos.inference.groups`), and decodes with its own key/value cache (greedy,
+temperature, top-k, top-p; left-padded batches). ``kolossos serve`` builds on it:
+:mod:`~kolossos.inference.batching` (continuous and static batching),
+:mod:`~kolossos.inference.scheduler` (FIFO queue, the loop every rank of a replica runs),
+:mod:`~kolossos.inference.result_cache`, and :mod:`~kolossos.inference.http_api`,
+:mod:`~kolossos.inference.http_service` and :mod:`~kolossos.inference.chat_api` (FastAPI,
+imported only by the server). See ``docs/inference.md``.
 
 Example:
     >>> from kolossos.inference import InferenceConfig, InferenceEngine, SamplingConfig

@@ -20,8 +20,9 @@ class InferenceConfig:
     """Ranks one model replica is split over (tensor parallelism). The world size must be a
     multiple of it; consecutive ranks form a group, and each group generates on its own."""
     pp_size: int = 1
-    """Pipeline stages: consecutive ranks each holding a contiguous part of the decoder blocks
-    (and their part of the KV cache). Only with ``tp_size=1``."""
+    """Pipeline stages, each holding a contiguous part of the decoder blocks (and their part of
+    the KV cache). With ``tp_size > 1`` each stage is split over ``tp_size`` consecutive ranks:
+    ``tp_size * pp_size`` ranks form one replica."""
     max_batch_size: int = 8
     """The most sequences one ``generate`` call takes."""
 
@@ -30,9 +31,3 @@ class InferenceConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"InferenceConfig.{name}={value!r} must be an int >= 1.")
-        if self.pp_size != 1 and self.tp_size != 1:
-            raise NotImplementedError(
-                f"InferenceConfig(tp_size={self.tp_size}, pp_size={self.pp_size}): tensor- and "
-                "pipeline-parallel generation together is not built yet; use tp_size=1 or "
-                "pp_size=1."
-            )

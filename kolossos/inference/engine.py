@@ -12,13 +12,13 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from kolossos.accelerator import get_accelerator
-from kolossos.cluster import ProcessGroupMesh
 from kolossos.inference.cache import cache_keyword
 from kolossos.inference.config import InferenceConfig
 from kolossos.inference.decoding import DecodeRequest, decode
+from kolossos.inference.groups import replica_groups
 from kolossos.inference.inputs import check_prompts, check_same_prompts
 from kolossos.inference.loading import load_causal_lm
-from kolossos.inference.pipeline import PipelineStage, pp_group, split_for_pipeline
+from kolossos.inference.pipeline import PipelineStage, split_for_pipeline
 from kolossos.inference.sampling import SamplingConfig
 from kolossos.inference.sharding import (
     check_causal_lm,
@@ -30,41 +30,26 @@ from kolossos.inference.sharding import (
 __all__ = ["InferenceEngine"]
 
 
-def _tp_group(tp_size: int) -> ProcessGroup:
-    """This rank's tensor-parallel group: consecutive ranks, ``world / tp_size`` replicas."""
-    if not dist.is_initialized():
-        raise RuntimeError(
-            f"InferenceConfig(tp_size={tp_size}) needs torch.distributed: start the job with "
-            "torchrun and call kolossos.launch_from_torch() first (or use tp_size=1)."
-        )
-    world = dist.get_world_size()
-    if world % tp_size:
-        raise ValueError(
-            f"InferenceConfig(tp_size={tp_size}) must divide the world size {world}; choose a "
-            "divisor, or start the job with a multiple of tp_size processes."
-        )
-    mesh = ProcessGroupMesh(world // tp_size, tp_size, axis_names=("replica", "tp"))
-    return mesh.get_group_along_axis("tp")
-
-
 class InferenceEngine:
-    """Generates text tokens with GPT-2, OPT or LLaMA, tensor-parallel over ``tp_size`` ranks
-    or pipeline-parallel over ``pp_size`` stages (:mod:`kolossos.inference.pipeline`).
+    """Generates text tokens with GPT-2, OPT or LLaMA, tensor-parallel over ``tp_size`` ranks,
+    pipeline-parallel over ``pp_size`` stages (:mod:`kolossos.inference.pipeline`), or both
+    (each stage tensor-parallel; ranks laid out as in :mod:`kolossos.inference.groups`).
 
-    Every rank of a tensor-parallel group builds the same engine and calls :meth:`generate` with
-    the same inputs; every rank returns the same tokens.
+    Every rank of a replica (``tp_size * pp_size`` ranks) builds the same engine and calls
+    :meth:`generate` with the same inputs; every rank returns the same tokens.
 
     Args:
         model_or_path: a transformers ``GPT2LMHeadModel`` / ``OPTForCausalLM`` /
             ``LlamaForCausalLM`` with full weights (sharded in place), or a local folder
             written by ``save_pretrained``.
-        inference_config: tensor-parallel size and batch limit (default: one rank).
+        inference_config: tensor-parallel and pipeline sizes, batch limit (default: one rank).
 
     Raises:
-        ValueError: an unsupported model, ``tp_size`` not dividing the world size or the
-            model's heads.
+        ValueError: an unsupported model, ``tp_size * pp_size`` not dividing the world size,
+            ``tp_size`` not dividing the model's heads, fewer blocks than stages.
         TypeError: arguments of the wrong type.
-        RuntimeError: ``tp_size > 1`` without an initialised torch.distributed.
+        RuntimeError: ``tp_size`` or ``pp_size`` above 1 without an initialised
+            torch.distributed.
         FileNotFoundError: a path that is not a model folder.
 
     Example:
@@ -90,19 +75,19 @@ class InferenceEngine:
             )
         check_causal_lm(model)
         self.config = config
-        self.tp_group: ProcessGroup | None = None
-        """The group whose ranks compute one replica: tensor- or pipeline-parallel."""
+        groups = replica_groups(config.tp_size, config.pp_size)
+        self.tp_group: ProcessGroup | None = groups.replica
+        """The group whose ranks compute one replica: every tensor-parallel rank of every
+        pipeline stage (``None`` on one rank)."""
+        self._token_source = groups.token_source
         self._cache_keyword = cache_keyword(model)
         model = model.to(get_accelerator().get_current_device()).eval()
         self._stage: PipelineStage | None = None
-        if config.tp_size > 1:
-            self.tp_group = _tp_group(config.tp_size)
-            model = shard_causal_lm(model, self.tp_group)
-        elif config.pp_size > 1:
-            self.tp_group = pp_group(config.pp_size)
-            stage = dist.get_rank(self.tp_group)
-            self._stage = split_for_pipeline(model, stage, config.pp_size)
-            self._stage.group = self.tp_group
+        if groups.tp is not None:  # shard first: the plans expect the whole model
+            model = shard_causal_lm(model, groups.tp)
+        if groups.pp is not None:
+            self._stage = split_for_pipeline(model, groups.stage, config.pp_size)
+            self._stage.group = groups.pp
         self.model = model
 
     @property
@@ -111,22 +96,29 @@ class InferenceEngine:
         return next(self.model.parameters()).device
 
     @property
+    def decoder(self) -> nn.Module:
+        """The module a decoding loop calls like the model: the model itself, or under pipeline
+        parallelism this rank's :class:`~kolossos.inference.pipeline.PipelineStage` (all ranks
+        of the replica must call it together, with inputs of the same shape)."""
+        return self._stage if self._stage is not None else self.model
+
+    @property
     def cache_keyword(self) -> str:
         """The model's KV cache argument name (``cache`` or ``past_key_values``)."""
         return self._cache_keyword
 
     def sync_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Make ``tokens`` those of the group's first rank (a broadcast; identity at tp 1)."""
+        """Make ``tokens`` those of the replica's deciding rank (a broadcast; identity on one
+        rank)."""
         return self._sync(tokens)
 
     def _sync(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.tp_group is None:
             return tokens
-        # sync point: the group's first rank decides (under pipeline parallelism the last stage,
-        # the only one with logits), so ranks never diverge, even if their logits differed in
+        # sync point: one rank decides — the first tensor-parallel rank of the last stage, the
+        # only stage with logits — so ranks never diverge, even if their logits differed in
         # the last bit
-        source = self.tp_group.size() - 1 if self._stage is not None else 0
-        dist.broadcast(tokens, src=dist.get_global_rank(self.tp_group, source), group=self.tp_group)
+        dist.broadcast(tokens, src=self._token_source, group=self.tp_group)
         return tokens
 
     def generate(
@@ -172,7 +164,7 @@ class InferenceEngine:
             check_same_prompts(ids, mask, self.tp_group)
         request = self._request(ids, mask, sampling)
         return decode(
-            self._stage if self._stage is not None else self.model,
+            self.decoder,
             request,
             sampling,
             cache_keyword=self._cache_keyword,

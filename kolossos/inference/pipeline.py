@@ -8,6 +8,10 @@ last stage runs its blocks, the final norm and the LM head. The last stage's nex
 broadcast to every stage (the engine's token sync). The stages call the model's own Hugging Face
 forward (``inputs_embeds`` past the first stage), so positions, causal masks and rotary
 embeddings are built exactly as ``generate`` builds them.
+
+With tensor parallelism as well, the model is sharded before it is split, and each rank
+exchanges hidden states with the rank of the same tensor-parallel index on the neighbouring
+stages (the pipeline group of :mod:`kolossos.inference.groups`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from kolossos.cluster import ProcessGroupMesh
-
-__all__ = ["PipelineStage", "pp_group", "split_for_pipeline"]
+__all__ = ["PipelineStage", "split_for_pipeline"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,23 +54,6 @@ class _NoPositions(nn.Module):
 
     def forward(self, ids_or_mask: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return ids_or_mask.new_zeros((), dtype=torch.float32)
-
-
-def pp_group(pp_size: int) -> ProcessGroup:
-    """This rank's pipeline group: ``pp_size`` consecutive ranks, ``world / pp_size`` replicas."""
-    if not dist.is_initialized():
-        raise RuntimeError(
-            f"InferenceConfig(pp_size={pp_size}) needs torch.distributed: start the job with "
-            "torchrun and call kolossos.launch_from_torch() first (or use pp_size=1)."
-        )
-    world = dist.get_world_size()
-    if world % pp_size:
-        raise ValueError(
-            f"InferenceConfig(pp_size={pp_size}) must divide the world size {world}; choose a "
-            "divisor, or start the job with a multiple of pp_size processes."
-        )
-    mesh = ProcessGroupMesh(world // pp_size, pp_size, axis_names=("replica", "pp"))
-    return mesh.get_group_along_axis("pp")
 
 
 def _module(model: nn.Module, path: tuple[str, ...]) -> nn.Module:

@@ -1,13 +1,16 @@
-"""The serving loop: a FIFO request queue feeding a :class:`DecodingBatch`, on every tensor-parallel
-rank.
+"""The serving loop: a FIFO request queue feeding a :class:`DecodingBatch`, on every rank of a
+model replica (tensor-parallel ranks, pipeline stages, or both).
 
-The group's first rank (the *leader*, which also runs the HTTP server) owns the queue. Each
+The replica's first rank (the *leader*, which also runs the HTTP server) owns the queue. Each
 iteration it decides a :class:`StepPlan` — the requests that join, the cancelled ones, whether to
-stop — and broadcasts it to the other ranks of the group (``broadcast_object_list``, one small
+stop — and broadcasts it to the other ranks of the replica (``broadcast_object_list``, one small
 collective per step); then every rank applies the plan and runs one decoding step. The ranks
 therefore hold the same rows at every step, and the decoding step's token broadcast keeps their
-tokens equal. While idle the leader broadcasts an empty plan every ``idle_wait_s`` seconds, so the
-other ranks never wait long in a collective. A plan with ``stop`` ends the loop on every rank.
+tokens equal. Under pipeline parallelism every stage runs the same step on the same rows (its
+forward calls exchange hidden states of the same shapes), and the last stage's tokens are
+broadcast to all, the leader included. While idle the leader broadcasts an empty plan every
+``idle_wait_s`` seconds, so the other ranks never wait long in a collective. A plan with ``stop``
+ends the loop on every rank.
 
 Admission: ``continuous`` admits queued requests in FIFO order whenever the batch has room;
 ``static`` waits for the batch to empty, then takes the queue's head plus the consecutive requests
@@ -65,12 +68,12 @@ def model_eos_and_pad(engine: InferenceEngine) -> tuple[tuple[int, ...], int]:
 class Scheduler:
     """Queue, admission and the decoding loop of ``kolossos serve``.
 
-    Every rank of the engine's tensor-parallel group builds one and calls :meth:`run` (the leader
+    Every rank of the engine's replica builds one and calls :meth:`run` (the leader
     from a thread next to its HTTP server); only the leader's :meth:`submit`, :meth:`cancel` and
     :meth:`stop` are used.
 
     Args:
-        engine: the (possibly tensor-parallel) engine whose model decodes.
+        engine: the engine (tensor-parallel, pipeline-parallel or both) whose model decodes.
         config: continuous or static batching, batch limit, result cache.
         idle_wait_s: how long the idle leader waits for a request before an empty plan.
     """
@@ -78,16 +81,11 @@ class Scheduler:
     def __init__(
         self, engine: InferenceEngine, config: BatchingConfig, *, idle_wait_s: float = 0.5
     ) -> None:
-        if engine.config.pp_size > 1:
-            raise NotImplementedError(
-                f"Scheduler with InferenceConfig(pp_size={engine.config.pp_size}): serving is "
-                "tensor-parallel only; use engine.generate for pipeline-parallel generation."
-            )
         self.engine = engine
         self.config = config
         self.eos_token_ids, pad = model_eos_and_pad(engine)
         self.batch = DecodingBatch(
-            engine.model,
+            engine.decoder,
             cache_keyword=engine.cache_keyword,
             sync=engine.sync_tokens,
             pad_token_id=pad,

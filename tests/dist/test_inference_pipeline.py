@@ -5,7 +5,7 @@ of prompt lengths 4, 6 and 7 of ``test_inference_generate.py``), KV cache on and
 without an EOS that fires mid-way in one row. Greedy output must equal ``generate`` on the whole
 model token for token (``torch.equal``) on both stages; each stage holds one decoder block and a
 one-layer cache. Seeded sampling gives the tokens of one process on both stages. Errors that
-need a process group are checked too.
+need a process group are checked too (serving on a pipeline: ``test_inference_batching_pp.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import torch.distributed as dist
 from test_inference_generate import FAMILIES, NEW, build, prompts, reference
 
 from kolossos.inference import InferenceConfig, InferenceEngine, SamplingConfig
-from kolossos.inference.batching import BatchingConfig
-from kolossos.inference.scheduler import Scheduler
 from kolossos.testing import distributed
 
 pytestmark = pytest.mark.dist
@@ -76,11 +74,9 @@ def test_pipeline_greedy_equals_transformers_generate() -> None:
 def test_pipeline_errors() -> None:
     with pytest.raises(ValueError, match="must divide the world size 2"):
         InferenceEngine(build("gpt2"), InferenceConfig(pp_size=3))
-    with pytest.raises(NotImplementedError, match="pipeline-parallel generation together"):
-        InferenceConfig(tp_size=2, pp_size=2)
+    with pytest.raises(ValueError, match="must divide the world size 2"):
+        InferenceEngine(build("gpt2"), InferenceConfig(tp_size=2, pp_size=2))
     engine = InferenceEngine(build("llama"), InferenceConfig(pp_size=2))
-    with pytest.raises(NotImplementedError, match="serving is tensor-parallel only"):
-        Scheduler(engine, BatchingConfig())
     ids, mask = prompts()
     mine = ids + dist.get_rank()
     with pytest.raises(ValueError, match="different input_ids"):

@@ -95,10 +95,11 @@ def test_sampling_config_errors(kwargs: dict, error: type[Exception], match: str
 def test_inference_config_errors() -> None:
     with pytest.raises(ValueError, match="tp_size"):
         InferenceConfig(tp_size=0)
-    with pytest.raises(NotImplementedError, match="pipeline-parallel"):
-        InferenceConfig(tp_size=2, pp_size=2)
-    with pytest.raises(RuntimeError, match=r"torch\.distributed"):
-        InferenceEngine(gpt2(), InferenceConfig(tp_size=2))
+    with pytest.raises(ValueError, match="pp_size"):
+        InferenceConfig(pp_size=0)
+    for config in (InferenceConfig(tp_size=2), InferenceConfig(tp_size=2, pp_size=2)):
+        with pytest.raises(RuntimeError, match=r"torch\.distributed"):
+            InferenceEngine(gpt2(), config)
     with pytest.raises(TypeError, match="InferenceConfig"):
         InferenceEngine(gpt2(), {"tp_size": 1})  # type: ignore[arg-type]
 
