@@ -16,9 +16,9 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     echo "[setup] installing torch==2.13.0 (CPU wheel)"
     pip install -q "torch==2.13.0" numpy
 fi
-NEEDED="kolossos, pytest, ruff, mypy, transformers, safetensors, matplotlib, fastapi, uvicorn, httpx"
+NEEDED="kolossos, pytest, ruff, mypy, transformers, safetensors, matplotlib, fastapi, uvicorn, httpx, pyarrow, datasets, tensorboard, scipy"
 if ! "$VENV/bin/python" -c "import $NEEDED" >/dev/null 2>&1; then
-    echo "[setup] installing kolossos with the hf, train, dev and serve extras"
-    pip install -q -e ".[hf,train,dev,serve]"
+    echo "[setup] installing kolossos with the hf, train, dev, serve, data and auto extras"
+    pip install -q -e ".[hf,train,dev,serve,data,auto]"
 fi
 echo "[setup] ready: $("$VENV/bin/python" -c 'import torch, kolossos; print("kolossos", kolossos.__version__, "torch", torch.__version__)')"

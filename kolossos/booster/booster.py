@@ -244,7 +244,9 @@ class Booster:
         return_outputs: bool = False,
     ) -> dict[str, Any]:
         """Run one pipelined training step (forward and backward of every micro-batch of
-        ``next(data_iter)``) with the plugin's schedule; step ``optimizer`` afterwards.
+        ``next(data_iter)``) with the plugin's schedule; step ``optimizer`` afterwards. Called
+        under ``torch.no_grad()`` it is forward-only (evaluation): the same loss and outputs,
+        no backward, no autograd graph, no gradient touched, ``optimizer`` not needed.
 
         Returns:
             ``{"loss": ..., "outputs": ...}``, filled on the rank holding the last stage

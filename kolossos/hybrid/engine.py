@@ -201,14 +201,15 @@ class HybridParallelEngine:
 
         Raises:
             TypeError: ``model`` / ``optimizer`` are not the ones :meth:`boost` returned.
-            ValueError: ``optimizer=None`` with ZeRO (its reducer must see the backward).
+            ValueError: ``optimizer=None`` with ZeRO, except forward-only under
+                ``torch.no_grad()`` (its reducer must see the backward).
         """
         if not isinstance(model, HybridPipelineModule):
             raise TypeError(
                 "execute_pipeline needs the model returned by booster.boost with "
                 f"HybridParallelPlugin(pp_size > 1), got {type(model).__name__}."
             )
-        if optimizer is None and self.config.zero_stage > 0:
+        if optimizer is None and self.config.zero_stage > 0 and torch.is_grad_enabled():
             raise ValueError(
                 f"execute_pipeline with zero_stage={self.config.zero_stage} needs the boosted "
                 "optimizer (ZeRO collects the gradients during backward); pass optimizer=."

@@ -242,7 +242,17 @@ class PipelineRuntime:
     ) -> dict[str, Any]:
         """One step: schedule (scaled loss), tied sum, data-parallel average. Several calls
         before ``optimizer.step()`` accumulate gradients correctly (the tied sum covers each
-        call's part once; averaging already-equal gradients again changes nothing)."""
+        call's part once; averaging already-equal gradients again changes nothing).
+
+        Under ``torch.no_grad()`` the step is forward-only (evaluation): the schedule runs only
+        its forwards, with the unscaled loss, and no gradient is made, summed or averaged.
+        """
+        if not torch.is_grad_enabled():
+            device = next(chunks.parameters()).device
+            batches = (cast_floating(batch, self.config.dtype, device) for batch in data_iter)
+            return self.schedule.forward_backward_step(
+                chunks, batches, criterion, None, return_loss, return_outputs
+            )
         factor, scope, backward = self.backward_plan(optimizer)
         device = next(chunks.parameters()).device
         batches = (cast_floating(batch, self.config.dtype, device) for batch in data_iter)

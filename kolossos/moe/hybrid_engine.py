@@ -230,7 +230,7 @@ class MoeHybridParallelEngine(HybridParallelEngine):
                 "execute_pipeline needs the model returned by booster.boost with "
                 f"MoeHybridParallelPlugin(pp_size > 1), got {type(model).__name__}."
             )
-        if optimizer is None and self.moe_config.zero_stage > 0:
+        if optimizer is None and self.moe_config.zero_stage > 0 and torch.is_grad_enabled():
             raise ValueError(
                 f"execute_pipeline with zero_stage={self.moe_config.zero_stage} needs the "
                 "boosted optimizer (ZeRO collects the gradients during backward); pass optimizer=."

@@ -163,16 +163,26 @@ class DataSection:
     line, its ``text_field`` trained on), ``'instruction'`` (JSON lines with ``prompt_field``
     and ``response_field``; the prompt tokens are masked out of the loss), ``'parquet'`` (the
     ``text_field`` column; needs ``pyarrow``) or ``'datasets'`` (a ``datasets.save_to_disk``
-    folder, its ``text_field`` column; needs ``datasets``). Except for ``'text'`` with the
-    ``char`` or ``bpe`` tokenizer, documents are tokenised once into a cached token file, joined
-    with the end-of-text token, packed into ``model.block_size`` sequences and shuffled each
-    epoch."""
+    folder, its ``text_field`` column; needs ``datasets``); ``instruction`` reads prompt and
+    response columns from ``jsonl``, ``parquet`` or ``datasets`` data. Except for ``'text'``
+    with the ``char`` or ``bpe`` tokenizer, documents are tokenised once into a cached token
+    file, joined with the end-of-text token, packed into ``model.block_size`` sequences and
+    shuffled each epoch."""
     text_field: str = "text"
     """The field holding the text (``jsonl``, ``parquet``, ``datasets``)."""
     prompt_field: str = "prompt"
     """The field holding the prompt (``instruction``)."""
     response_field: str = "response"
     """The field holding the answer trained on (``instruction``)."""
+    instruction: bool = False
+    """Read each record's ``prompt_field`` and ``response_field`` instead of its ``text_field``
+    and mask the prompt out of the loss, for ``jsonl``, ``parquet`` or ``datasets`` data
+    (``format='instruction'`` is ``format='jsonl'`` with ``instruction=true``)."""
+    num_proc: int | None = None
+    """Processes that tokenise the documents when the token cache is built: ``1`` tokenises in
+    this process; ``None`` uses up to 8 of the machine's cores when the data holds at least
+    :data:`~kolossos.train.tokenize_pool.PARALLEL_MIN_CHARS` characters, else one. The
+    tokens are the same for every value."""
     tokenizer: str = "char"
     """``'char'`` (one token per character of the corpus), ``'bpe'`` (byte-level BPE trained
     on the corpus with the ``tokenizers`` package, cached in the run folder), or a local Hugging
@@ -194,6 +204,18 @@ class DataSection:
         _choice(self, "format", DATA_FORMATS)
         for name in ("text_field", "prompt_field", "response_field"):
             _text(self, name, "a field name")
+        _bool(self, "instruction", key="instruction")
+        if self.instruction and self.format == "text":
+            raise ConfigError(
+                "instruction",
+                True,
+                problem="data.instruction = true needs records with prompt and response fields, "
+                "but data.format = 'text' reads plain text files.",
+                hint="Set data.format to 'jsonl', 'parquet' or 'datasets', or "
+                "data.instruction=false.",
+            )
+        if self.num_proc is not None:
+            _int(self, "num_proc", 1, "integers >= 1, or None for automatic")
         _int(self, "vocab_size", 257, "integers >= 257 (the 256 bytes plus merges)")
         _float(self, "val_fraction", 0.0, 0.5, open_low=True, allowed="numbers in (0, 0.5]")
 

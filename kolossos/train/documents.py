@@ -1,22 +1,33 @@
 """The documents of a data set: plain text files or folders, JSON Lines with a text field,
 instruction records (prompt and response), or Parquet columns.
 
-Standard library only (Parquet needs ``pyarrow``), so ``kolossos train`` reads and checks the
-data before it starts a process: a line without the field, or a data set without text, is
+Standard library only (Parquet needs ``pyarrow``, ``datasets`` folders ``datasets``: the
+extra ``kolossos[data]``, imported only for those formats), so ``kolossos train`` reads and
+checks the data before it starts a process: a line without the field, or a data set without text, is
 refused with the file and line named, and nothing is written.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kolossos.train.config import DataSection
 from kolossos.train.errors import ConfigError
 
-__all__ = ["SUFFIXES", "Document", "data_digest", "data_files", "is_packed", "read_documents"]
+__all__ = [
+    "SUFFIXES",
+    "Document",
+    "data_digest",
+    "data_files",
+    "is_instruction",
+    "is_packed",
+    "read_documents",
+]
 
 #: the files of a data folder each format reads
 SUFFIXES = {
@@ -137,7 +148,7 @@ def _read_jsonl(file: Path, section: DataSection) -> list[Document]:
             raise ConfigError(
                 "data.path", problem=f"{where} is not valid JSON ({exc}).", hint="Fix the line."
             ) from None
-        if section.format == "instruction":
+        if is_instruction(section):
             prompt = _field(record, section.prompt_field, "data.prompt_field", where)
             response = _field(record, section.response_field, "data.response_field", where)
             docs.append(Document(text=response, prompt=prompt))
@@ -146,39 +157,105 @@ def _read_jsonl(file: Path, section: DataSection) -> list[Document]:
     return docs
 
 
-def _read_parquet(file: Path, section: DataSection) -> list[Document]:
+def is_instruction(section: DataSection) -> bool:
+    """Whether the records are prompt/response pairs (``format='instruction'``, or
+    ``data.instruction = true``)."""
+    return section.format == "instruction" or section.instruction
+
+
+def _needs(module: str, fmt: str) -> Any:
+    """Import the optional ``module`` that ``data.format = fmt`` reads with."""
     try:
-        import pyarrow.parquet as pq
+        return importlib.import_module(module)
     except ModuleNotFoundError:
+        package = module.split(".")[0]
         raise ConfigError(
             "data.format",
-            "parquet",
-            problem="data.format = 'parquet' needs the 'pyarrow' package, which is not installed.",
-            hint="Install it: pip install pyarrow (or convert the data to JSON Lines).",
+            fmt,
+            problem=f"data.format = {fmt!r} needs the {package!r} package, which is not installed.",
+            hint=f"Install it: pip install 'kolossos[data]' (or pip install {package}), or "
+            "convert the data to JSON Lines.",
         ) from None
-    table = pq.read_table(file)
-    if section.text_field not in table.column_names:
+
+
+def _from_columns(
+    columns: dict[str, list[Any]], where: str, section: DataSection
+) -> list[Document]:
+    """The documents of a table's columns (``columns`` holds the fields the section reads)."""
+    values = list(columns.values())
+    rows = len(values[0]) if values else 0
+    for name, column in columns.items():
+        for row, value in enumerate(column):
+            if not isinstance(value, str):
+                raise ConfigError(
+                    "data.path",
+                    problem=f"{where}: row {row} of the column {name!r} is "
+                    f"{'empty (null)' if value is None else type(value).__name__}, not a string.",
+                    hint="Fix or drop the row, or point the field at a text column.",
+                )
+    if is_instruction(section):
+        prompts, responses = columns[section.prompt_field], columns[section.response_field]
+        return [Document(text=responses[i], prompt=prompts[i]) for i in range(rows)]
+    return [Document(text=t) for t in columns[section.text_field]]
+
+
+def _wanted(section: DataSection, present: list[str], where: str) -> list[str]:
+    """The columns the section reads, checked against the ``present`` ones."""
+    if is_instruction(section):
+        wanted = [("data.prompt_field", section.prompt_field)]
+        wanted.append(("data.response_field", section.response_field))
+    else:
+        wanted = [("data.text_field", section.text_field)]
+    for key, name in wanted:
+        if name not in present:
+            raise ConfigError(
+                key,
+                name,
+                problem=f"{where} has no column {name!r} ({key}); its columns are "
+                f"{', '.join(repr(c) for c in present) or 'none'}.",
+                hint=f"Set {key} to the column that holds it.",
+            )
+    return [name for _, name in wanted]
+
+
+def _read_parquet(file: Path, section: DataSection) -> list[Document]:
+    pq = _needs("pyarrow.parquet", "parquet")
+    try:
+        present = list(pq.read_schema(file).names)
+        names = _wanted(section, present, str(file))
+        table = pq.read_table(file, columns=names)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         raise ConfigError(
-            "data.text_field",
-            section.text_field,
-            problem=f"{file} has no column {section.text_field!r} (data.text_field); its "
-            f"columns are {', '.join(table.column_names)}.",
-        )
-    return [Document(text=str(v)) for v in table.column(section.text_field).to_pylist()]
+            "data.path",
+            str(file),
+            "readable Parquet files",
+            hint=f"Reading {str(file)!r} failed: {exc}.",
+        ) from None
+    columns = {n: table.column(n).to_pylist() for n in names}
+    return _from_columns(columns, str(file), section)
 
 
 def _read_saved_dataset(section: DataSection) -> list[Document]:
+    datasets = _needs("datasets", "datasets")
+    folder = str(Path(str(section.path)).expanduser())
     try:
-        import datasets
-    except ModuleNotFoundError:
+        loaded = datasets.load_from_disk(folder)
+    except IndexError:  # datasets fails so on a folder saved without any row (no shards)
         raise ConfigError(
-            "data.format",
-            "datasets",
-            problem="data.format = 'datasets' needs the 'datasets' package, which is not "
-            "installed.",
-            hint="Install it: pip install datasets (or convert the data to JSON Lines).",
+            "data.path",
+            section.path,
+            problem=f"data.path = {section.path!r} holds no rows: the data set is empty.",
+            hint="Check the path, or save the data set again with its rows.",
         ) from None
-    loaded = datasets.load_from_disk(str(Path(str(section.path)).expanduser()))
+    except (OSError, ValueError) as exc:  # not a save_to_disk folder
+        raise ConfigError(
+            "data.path",
+            section.path,
+            "a folder written by datasets' save_to_disk",
+            hint=f"load_from_disk({folder!r}) failed: {exc}.",
+        ) from None
     if isinstance(loaded, datasets.DatasetDict):
         if "train" not in loaded:
             raise ConfigError(
@@ -186,16 +263,13 @@ def _read_saved_dataset(section: DataSection) -> list[Document]:
                 section.path,
                 problem=f"data.path = {section.path!r} holds the splits {', '.join(loaded)} "
                 "but no 'train' split.",
+                hint="Save the training split as 'train', or point data.path at its folder.",
             )
         loaded = loaded["train"]
-    if section.text_field not in loaded.column_names:
-        raise ConfigError(
-            "data.text_field",
-            section.text_field,
-            problem=f"{section.path} has no column {section.text_field!r} (data.text_field); "
-            f"its columns are {', '.join(loaded.column_names)}.",
-        )
-    return [Document(text=str(v)) for v in loaded[section.text_field]]
+    present = list(loaded.column_names)
+    names = _wanted(section, present, str(section.path))
+    columns = {n: loaded.data.column(n).to_pylist() for n in names}  # the Arrow table
+    return _from_columns(columns, str(section.path), section)
 
 
 def read_documents(section: DataSection) -> list[Document]:

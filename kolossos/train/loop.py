@@ -278,29 +278,22 @@ class Trainer:
         )
 
     def evaluate(self) -> float:
-        """Mean validation loss over the fixed validation batches (all ranks).
-
-        A pipeline schedule always runs its backward passes (it has no forward-only mode), so
-        with a pipeline the evaluation runs with gradients, through the optimizer (ZeRO needs
-        it), and drops the gradients afterwards; the weights do not change.
-        """
+        """Mean validation loss over the fixed validation batches (all ranks), without
+        gradients (a pipeline runs its forward-only mode under ``torch.no_grad()``)."""
         p, block = self.p, self.cfg.model.block_size
         per_rank = self.cfg.train.batch_size // p.layout.dp_size
         p.model.eval()
         total, count = 0.0, 0.0
-        optimizer = p.optimizer if p.pipeline else None
         shape = (len(self.val), p.layout.dp_size, per_rank, block)
         weights = self._weights(torch.stack([labels for _, labels in self.val]).view(shape))
-        with torch.enable_grad() if p.pipeline else torch.no_grad():
+        with torch.no_grad():
             for i, (batch, batch_labels) in enumerate(self.val):
                 x = batch.view(shape[1:])[p.dp_rank].to(self.device)
                 y = batch_labels.view(shape[1:])[p.dp_rank].to(self.device)
                 weight = () if weights is None else (float(weights[i, p.dp_rank]),)
-                loss = self._forward_loss({"input_ids": x, "labels": y}, optimizer, *weight)
+                loss = self._forward_loss({"input_ids": x, "labels": y}, None, *weight)
                 if loss is not None:
                     total, count = total + float(loss), count + 1
-        if optimizer is not None:
-            optimizer.zero_grad()
         p.model.train()
         loss_sum, n = _all_reduce([total, count])
         return loss_sum / max(n, 1.0)

@@ -50,35 +50,44 @@ IGNORE_INDEX = -100
 _META = "meta.json"
 
 
-def _encode_all(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    from kolossos.train.hf_model import HFTokenizer
-
-    if isinstance(tokenizer, HFTokenizer):
-        return tokenizer.encode_batch(texts)
-    return [tokenizer.encode(t) if t else [] for t in texts]
-
-
 def tokenize_documents(
-    docs: list[Document], tokenizer: Any, eos: int | None
+    docs: list[Document], tokenizer: Any, eos: int | None, num_proc: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The token stream of ``docs`` and its loss mask (1: trained on, 0: a prompt token).
 
     Each document is its prompt's tokens, its text's tokens and ``eos`` (if not ``None``).
+    ``num_proc`` processes tokenise (``None``: automatic, see
+    :func:`~kolossos.train.tokenize_pool.encode_documents`); the result does not depend on it.
     """
-    prompts = _encode_all(tokenizer, [d.prompt for d in docs])
-    texts = _encode_all(tokenizer, [d.text for d in docs])
-    ids: list[int] = []
-    mask: list[int] = []
-    tail = [] if eos is None else [eos]
-    for prompt, text in zip(prompts, texts, strict=True):
-        ids += prompt + text + tail
-        mask += [0] * len(prompt) + [1] * (len(text) + len(tail))
-    return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
+    from kolossos.train.tokenize_pool import encode_documents
+
+    prompts, texts = encode_documents(
+        tokenizer, [d.prompt for d in docs], [d.text for d in docs], num_proc
+    )
+    p_len, t_len = prompts.lengths, texts.lengths
+    doc_len = p_len + t_len + (0 if eos is None else 1)
+    starts = np.zeros(len(docs), dtype=np.int64)
+    np.cumsum(doc_len[:-1], out=starts[1:])
+    ids = np.empty(int(doc_len.sum()), dtype=np.int32)
+    mask = np.ones(len(ids), dtype=np.uint8)
+    at_prompt = np.arange(len(prompts.ids)) + np.repeat(starts - prompts.offsets[:-1], p_len)
+    ids[at_prompt], mask[at_prompt] = prompts.ids, 0
+    at_text = np.arange(len(texts.ids)) + np.repeat(starts + p_len - texts.offsets[:-1], t_len)
+    ids[at_text] = texts.ids
+    if eos is not None:
+        ids[starts + p_len + t_len] = eos
+    return ids, mask
 
 
 def cache_key(section: DataSection, data_digest: str, tokenizer_digest: str) -> str:
     """The token cache's folder name for this data, format and tokenizer."""
-    fields = (section.format, section.text_field, section.prompt_field, section.response_field)
+    fields = (
+        section.format,
+        section.text_field,
+        section.prompt_field,
+        section.response_field,
+        section.instruction,
+    )
     text = json.dumps([data_digest, tokenizer_digest, *fields])
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
@@ -248,7 +257,7 @@ def load_packed(
     key = cache_key(section, data_digest(files), _fingerprint(tokenizer))
 
     def build() -> tuple[np.ndarray, np.ndarray]:
-        return tokenize_documents(docs or read_documents(section), tokenizer, eos)
+        return tokenize_documents(docs or read_documents(section), tokenizer, eos, section.num_proc)
 
     ids, mask = token_cache(cache_root, key, build)
     return PackedCorpus.pack(

@@ -99,8 +99,8 @@ def check_dependencies(config: TrainConfig) -> None:
             True,
             problem="metrics.tensorboard = true writes TensorBoard scalars, which needs the "
             "'tensorboard' package; it is not installed.",
-            hint="Install it: pip install tensorboard (or set metrics.tensorboard=false; "
-            "metrics.jsonl is written either way).",
+            hint="Install it: pip install tensorboard (or pip install 'kolossos[data]'; or set "
+            "metrics.tensorboard=false: metrics.jsonl is written either way).",
         )
     for module, key, what in needed:
         if importlib.util.find_spec(module) is None:

@@ -288,7 +288,7 @@ def test_optional_formats_name_their_install(
     section = DataSection(path=str(tmp_path / suffix.split("/")[0]), format=fmt)
     with pytest.raises(ConfigError, match=f"pip install {module}") as err:
         read_documents(section)
-    assert err.value.key == "data.format"
+    assert err.value.key == "data.format" and "pip install 'kolossos[data]'" in str(err.value)
 
 
 def test_learning_rate_schedules() -> None:

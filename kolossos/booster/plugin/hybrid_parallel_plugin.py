@@ -182,7 +182,8 @@ class HybridParallelPlugin(DPPluginBase):
     ) -> dict[str, Any]:
         """One training step over ``num_microbatches`` micro-batches of ``next(data_iter)``:
         forward and backward by the schedule, tied gradients summed over the stages, gradients
-        averaged over data parallelism. Step the optimizer afterwards.
+        averaged over data parallelism. Step the optimizer afterwards. Under
+        ``torch.no_grad()`` only the forwards run (evaluation; ``optimizer`` may be ``None``).
 
         Returns:
             ``{"loss": mean loss of the micro-batches or None, "outputs": ... or None}``;
@@ -190,7 +191,8 @@ class HybridParallelPlugin(DPPluginBase):
 
         Raises:
             TypeError: ``model`` / ``optimizer`` are not the ones ``boost`` returned.
-            ValueError: ``optimizer=None`` with ZeRO (its reducer must see the backward).
+            ValueError: ``optimizer=None`` with ZeRO outside ``torch.no_grad()`` (its reducer
+                must see the backward).
         """
         return self.engine.execute_pipeline(
             data_iter, model, criterion, optimizer, return_loss, return_outputs

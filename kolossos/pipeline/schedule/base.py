@@ -252,6 +252,11 @@ class PipelineSchedule:
         ``.grad`` (already divided by the micro-batch count, so a mean-reduced criterion gives
         the full batch's gradient); the caller steps the optimizer.
 
+        Called under ``torch.no_grad()`` (as in Colossal-AI), the step is forward-only: every
+        rank runs only its forward actions, in the table's order, no autograd graph is built,
+        no ``.grad`` is touched and ``optimizer`` is not used; the loss and outputs are those of
+        the training step.
+
         Args:
             model_chunks: this rank's chunk (a module) or chunks (a list, or an
                 ``nn.ModuleList`` when :attr:`takes_chunk_list`; otherwise an ``nn.ModuleList``
@@ -269,7 +274,9 @@ class PipelineSchedule:
             the last stage.
         """
         chunks = self._chunks(model_chunks)
-        self._check_optimizer(optimizer)
+        forward_only = not torch.is_grad_enabled()
+        if not forward_only:
+            self._check_optimizer(optimizer)
         micro = split_batch(next(data_iter), self.config.num_microbatches,
                             self.config.microbatch_size)  # fmt: skip
         table = self.table(len(micro))
@@ -280,10 +287,14 @@ class PipelineSchedule:
                 enable_metadata_cache=self.config.enable_metadata_cache,
             )  # fmt: skip
         executor = ScheduleExecutor(table, self.stage_manager.stage, self.stage_manager.global_rank,
-                                    self._p2p, chunks, criterion, optimizer, micro)  # fmt: skip
-        earlier = stash_shared_gradients(chunks)  # accumulated by earlier steps: summed already
-        self.last_stats = executor.run(keep_outputs=return_outputs)
-        sync_shared_gradients(chunks, earlier)
+                                    self._p2p, chunks, criterion, optimizer, micro,
+                                    forward_only=forward_only)  # fmt: skip
+        if forward_only:
+            self.last_stats = executor.run(keep_outputs=return_outputs)
+        else:
+            earlier = stash_shared_gradients(chunks)  # accumulated earlier: summed already
+            self.last_stats = executor.run(keep_outputs=return_outputs)
+            sync_shared_gradients(chunks, earlier)
         result: dict[str, Any] = {"loss": None, "outputs": None}
         if executor.losses and return_loss:
             result["loss"] = torch.stack(executor.losses).sum()

@@ -6,6 +6,9 @@ computed only there); ``B`` takes the output gradient and back-propagates throug
 (only to the input when the table splits the backward) and hands the input gradient back;
 ``W`` finishes a split backward. Hand-offs between chunks of the same rank (the turn of the V
 layout) skip the network; the others go through :class:`~kolossos.pipeline.p2p.PipelineP2P`.
+Forward-only (evaluation, run under ``torch.no_grad()``) executes only the ``F`` actions, in the
+table's order, keeps no activations after each forward and exchanges activations on streams of
+their own (their cached metadata says no gradient is wanted, which must not leak into training).
 The executor counts the micro-batches whose activations are alive (from ``F`` to the last
 backward part) and times each action and its waits.
 """
@@ -77,6 +80,7 @@ class ScheduleExecutor:
         optimizer: routes the unsplit backward through ``optimizer.backward`` /
             ``backward_by_grad`` when it has them (mixed precision, ZeRO).
         microbatches: the step's micro-batches (read by the first and the last stage).
+        forward_only: run only the forward actions (call it under ``torch.no_grad()``).
     """
 
     def __init__(
@@ -89,12 +93,17 @@ class ScheduleExecutor:
         criterion: Callable[..., torch.Tensor],
         optimizer: Any,
         microbatches: list[Any],
+        forward_only: bool = False,
     ) -> None:
         self.t, self.pos, self.global_rank, self.p2p = table, position, global_rank, p2p
         self.chunks, self.criterion, self.optimizer = chunks, criterion, optimizer
         self.mbs = microbatches
+        self.forward_only = forward_only
+        self._stream = "act-fwd" if forward_only else "act"
         self.queues = {
-            src: deque(table.messages(src, position))
+            src: deque(
+                m for m in table.messages(src, position) if m.kind == "act" or not forward_only
+            )
             for src in range(table.pp_size)
             if src != position
         }
@@ -113,6 +122,8 @@ class ScheduleExecutor:
         self.keep_outputs = keep_outputs
         start = time.perf_counter()
         for action in self.t.ranks[self.pos]:
+            if self.forward_only and action.kind is not ActionKind.F:
+                continue
             a_start, wait_before = time.perf_counter(), self.stats.wait_s
             {ActionKind.F: self._forward, ActionKind.B: self._backward,
              ActionKind.W: self._weight}[action.kind](action)  # fmt: skip
@@ -143,7 +154,7 @@ class ScheduleExecutor:
 
     def _receive(self, src: int, msg: Message) -> Any:
         if msg.kind == "act":
-            return self.p2p.recv_activation(self.global_rank(src), ("act", msg.stage))
+            return self.p2p.recv_activation(self.global_rank(src), (self._stream, msg.stage))
         chunk = self.t.owner_of(msg.stage)[1]
         outs = self.states[(chunk, msg.microbatch)].outputs
         specs = [spec_of(o) for o in outs if o.requires_grad]
@@ -160,7 +171,7 @@ class ScheduleExecutor:
             else:
                 self.buffer[msg] = [g.detach() for g in payload]
         elif msg.kind == "act":
-            self.p2p.send_activation(self.global_rank(dst), ("act", msg.stage), *payload)
+            self.p2p.send_activation(self.global_rank(dst), (self._stream, msg.stage), *payload)
         else:
             self.p2p.send_grad(self.global_rank(dst), payload)
 
@@ -186,6 +197,8 @@ class ScheduleExecutor:
             self._hand_on(Message("act", stage + 1, i), (outs, is_tuple))
             self.states[(c, i)] = _State(inputs, outs)
         self._count(c, +1)
+        if self.forward_only:  # nothing to go back through: the activations go at once
+            self._release(c, i)
 
     def _backward(self, action: Action) -> None:
         c, i = action.chunk, action.microbatch
