@@ -37,7 +37,12 @@ OPTIONAL = {
     "tokenizers": ("tokenizers", "HF tokenizers: pip install 'kolossos[hf]'"),
     "matplotlib": ("matplotlib", "benchmark plots: pip install matplotlib"),
     "deepspeed": ("deepspeed", "benchmark baseline: pip install deepspeed==0.19.8"),
-    "tensorboard": ("tensorboard", "training logs: pip install tensorboard"),
+    "tensorboard": ("tensorboard", "training logs: pip install 'kolossos[data]'"),
+    "pyarrow": ("pyarrow", "Parquet training data: pip install 'kolossos[data]'"),
+    "datasets": ("datasets", "load_from_disk training data: pip install 'kolossos[data]'"),
+    "fastapi": ("fastapi", "kolossos serve: pip install 'kolossos[serve]'"),
+    "uvicorn": ("uvicorn", "kolossos serve: pip install 'kolossos[serve]'"),
+    "scipy": ("scipy", "auto-parallel ILP solver: pip install 'kolossos[auto]'"),
 }
 
 _GLOO_SCRIPT = r"""
