@@ -6,17 +6,23 @@
   dynamic program choosing which segments of a chain of blocks to recompute under an activation
   memory budget, and the code that applies its plan with ``torch.utils.checkpoint``.
 
-* :func:`autoparallelize` (first version, MLP chains on a 1-d mesh): per-operator strategies
+* :func:`autoparallelize` on a 1-d mesh: for MLP chains, per-operator strategies
   (:mod:`~kolossos.auto_parallel.strategies`), a dynamic-programming solver under a per-rank
   memory budget (:mod:`~kolossos.auto_parallel.solver`) and the plan applied with DTensor
-  column/row parallel styles or data parallelism (:mod:`~kolossos.auto_parallel.apply`). See
+  column/row parallel styles or data parallelism (:mod:`~kolossos.auto_parallel.apply`); for
+  Hugging Face GPT-2, an ILP over the whole traced DAG (:mod:`~kolossos.auto_parallel.ilp`,
+  SciPy's HiGHS, ``pip install 'kolossos[auto]'``) and data parallel, Megatron (ShardFormer) or
+  replicated execution (:mod:`~kolossos.auto_parallel.apply_transformer`). See
   ``docs/auto_parallel.md``.
 """
 
 from __future__ import annotations
 
 from kolossos.auto_parallel.apply import AutoParallelModule
+from kolossos.auto_parallel.apply_transformer import AutoParallelTransformer
 from kolossos.auto_parallel.autoparallelize import autoparallelize
+from kolossos.auto_parallel.ilp import solve_graph, solve_ilp
+from kolossos.auto_parallel.sharding_graph import DagNode, DagPlan, ShardingGraph
 from kolossos.auto_parallel.solver import InfeasibleBudgetError, Plan, solve_chain
 from kolossos.auto_parallel.strategies import CostModel, UnsupportedOperatorError
 from kolossos.auto_parallel.traced_graph import NodeInfo, TracedGraph, TracingError
@@ -24,14 +30,20 @@ from kolossos.auto_parallel.tracer import ColoTracer
 
 __all__ = [
     "AutoParallelModule",
+    "AutoParallelTransformer",
     "ColoTracer",
     "CostModel",
+    "DagNode",
+    "DagPlan",
     "InfeasibleBudgetError",
     "NodeInfo",
     "Plan",
+    "ShardingGraph",
     "TracedGraph",
     "TracingError",
     "UnsupportedOperatorError",
     "autoparallelize",
     "solve_chain",
+    "solve_graph",
+    "solve_ilp",
 ]

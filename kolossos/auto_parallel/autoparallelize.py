@@ -1,9 +1,18 @@
 """``autoparallelize``: trace, search one sharding strategy per operator, apply the plan.
 
-First version: chains of ``nn.Linear``, ``nn.LayerNorm`` and elementwise activations (MLPs) on
-a 1-d mesh. The search compares the best pure data-parallel plan and the best pure
-tensor-parallel (Megatron column/row) plan under the memory budget — the two families
-:func:`~kolossos.auto_parallel.apply.apply_plan` implements.
+Two paths on a 1-d mesh:
+
+* chains of ``nn.Linear``, ``nn.LayerNorm`` and elementwise activations (MLPs): the chain
+  dynamic program compares the best pure data-parallel and the best pure tensor-parallel
+  (Megatron column/row) plan under the memory budget — the two families
+  :func:`~kolossos.auto_parallel.apply.apply_plan` implements;
+* Hugging Face transformers (GPT-2): the ATen graph is grouped into operators
+  (:mod:`~kolossos.auto_parallel.module_graph`), priced per strategy
+  (:mod:`~kolossos.auto_parallel.transformer_strategies`) and searched with the ILP
+  (:mod:`~kolossos.auto_parallel.ilp`); the fastest executable family that fits — data
+  parallel, Megatron tensor parallel, replicated, data parallel × Megatron on a 2-d layout
+  of the ranks — is applied
+  (:mod:`~kolossos.auto_parallel.apply_transformer`).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
 from torch.distributed.device_mesh import init_device_mesh
 
 from kolossos.auto_parallel.apply import AutoParallelModule, apply_plan
+from kolossos.auto_parallel.apply_transformer import AutoParallelTransformer, apply_family
+from kolossos.auto_parallel.module_graph import trace_operators
 from kolossos.auto_parallel.solver import (
     DATA_PARALLEL,
     TENSOR_PARALLEL,
@@ -34,7 +45,9 @@ from kolossos.auto_parallel.strategies import (
     param_sizes,
     strategies_for,
 )
-from kolossos.auto_parallel.tracer import ColoTracer
+from kolossos.auto_parallel.tracer import ColoTracer, _is_hf_model
+from kolossos.auto_parallel.transformer_plan import parse_hybrid, search_transformer_plan
+from kolossos.auto_parallel.transformer_strategies import transformer_graph
 
 __all__ = ["autoparallelize", "build_chain", "measure_flops_rate", "search_plan"]
 
@@ -141,13 +154,15 @@ def autoparallelize(
     *,
     cost_model: CostModel | None = None,
     **kwargs: Any,
-) -> AutoParallelModule:
+) -> AutoParallelModule | AutoParallelTransformer:
     """Search a sharding plan for ``model`` and return it parallelised over the mesh.
 
     Args:
-        model: an MLP-like chain of ``nn.Linear``/``nn.LayerNorm``/activations (same initial
-            weights on every rank).
-        meta_input_samples: ``{"x": tensor}`` of the whole batch's shape (meta tensors work).
+        model: an MLP-like chain of ``nn.Linear``/``nn.LayerNorm``/activations, or a Hugging
+            Face GPT-2 (``GPT2LMHeadModel``; same initial weights on every rank).
+        meta_input_samples: ``{"x": tensor}`` of the whole batch's shape (meta tensors work);
+            for a transformer the keyword inputs, e.g. ``{"input_ids": ids, "labels": ids,
+            "use_cache": False}``.
         device_mesh: a torch ``DeviceMesh``, a kolossos ``DeviceMesh`` (1-d) or ``None`` for
             all ranks of the default group.
         memory_budget: bytes per rank for parameters, gradients, Adam states and activations.
@@ -155,7 +170,11 @@ def autoparallelize(
             :class:`CostModel`'s defaults.
 
     Returns:
-        An :class:`~kolossos.auto_parallel.apply.AutoParallelModule`: feed it
+        For a transformer an :class:`~kolossos.auto_parallel.apply_transformer.
+        AutoParallelTransformer` (the fastest that fits of data parallel, Megatron tensor
+        parallel, replicated and data parallel × Megatron on each 2-d layout of the ranks,
+        priced on the whole traced DAG); otherwise an
+        :class:`~kolossos.auto_parallel.apply.AutoParallelModule`: feed it
         ``local_batch(x)``, compute the loss on its output against ``local_batch(target)``;
         ``print_plan()`` explains the plan.
 
@@ -176,9 +195,47 @@ def autoparallelize(
         raise ValueError(
             f"cost_model.world_size={cost.world_size} but the mesh has {mesh.size()} ranks."
         )
+    if _is_hf_model(model):
+        return _autoparallelize_transformer(model, meta_input_samples, mesh, cost, memory_budget)
     chain, targets = build_chain(model, meta_input_samples, cost)
     plan = search_plan(chain, cost, memory_budget)
     return apply_plan(model, plan, mesh, targets)
+
+
+def _autoparallelize_transformer(
+    model: nn.Module,
+    meta_input_samples: Mapping[str, Any],
+    mesh: TorchDeviceMesh,
+    cost: CostModel,
+    memory_budget: float | None,
+) -> AutoParallelTransformer:
+    groups = trace_operators(model, dict(meta_input_samples))
+    # dp x tp layouts of the ranks: each traced at its 1/dp of the batch.
+    hybrid = {}
+    batch = _batch_size(meta_input_samples)
+    for dp in range(2, cost.world_size // 2 + 1):
+        if cost.world_size % dp == 0 and batch % dp == 0:
+            local = {
+                k: v.new_empty((v.shape[0] // dp, *v.shape[1:]))
+                if isinstance(v, torch.Tensor)
+                else v
+                for k, v in meta_input_samples.items()
+            }
+            hybrid[dp] = trace_operators(model, local)
+    family, plan = search_transformer_plan(groups, cost, memory_budget, hybrid)
+    shape = parse_hybrid(family)
+    graph_groups = hybrid[shape[0]] if shape is not None else groups
+    graph = transformer_graph(graph_groups, cost)
+    return apply_family(model, family, plan, graph, mesh)
+
+
+def _batch_size(samples: Mapping[str, Any]) -> int:
+    sizes = {v.shape[0] for v in samples.values() if isinstance(v, torch.Tensor) and v.dim()}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"meta_input_samples' tensors need one batch size (dimension 0); got {sorted(sizes)}."
+        )
+    return sizes.pop()
 
 
 def _torch_mesh(device_mesh: Any) -> TorchDeviceMesh:

@@ -77,9 +77,19 @@ class CostModel:
     """Latency of one collective, seconds."""
     beta: float = 1e-9
     """Inverse bandwidth, seconds per byte."""
+    op_s: float = 0.0
+    """Forward + backward dispatch cost of one operator (what small operators cost on a CPU);
+    used by the transformer strategies, 0 keeps a pure FLOPs model."""
+    optimizer_tensor_s: float = 0.0
+    """Optimizer step cost per parameter tensor held (transformer strategies)."""
+    optimizer_byte_s: float = 0.0
+    """Optimizer step cost per parameter byte held (transformer strategies)."""
+    copy_byte_s: float = 0.0
+    """Cost of copying one byte (gradients into and out of the data-parallel flat buffer)."""
 
     def __post_init__(self) -> None:
-        if self.world_size < 1 or self.flops_per_s <= 0 or self.alpha < 0 or self.beta < 0:
+        extra = (self.op_s, self.optimizer_tensor_s, self.optimizer_byte_s, self.copy_byte_s)
+        if self.world_size < 1 or self.flops_per_s <= 0 or min(self.alpha, self.beta, *extra) < 0:
             raise ValueError(
                 f"CostModel needs world_size >= 1, flops_per_s > 0, alpha, beta >= 0 (got {self}); "
                 "pass measured values."
@@ -93,6 +103,15 @@ class CostModel:
         """Ring all-reduce of ``num_bytes`` (0 on one rank)."""
         p = self.world_size
         return 0.0 if p == 1 else self.alpha + self.beta * 2 * (p - 1) / p * num_bytes
+
+    def ring_bytes(self, num_bytes: float) -> float:
+        """The bandwidth part of an all-reduce of ``num_bytes`` (no latency; 0 on one rank)."""
+        p = self.world_size
+        return 0.0 if p == 1 else self.beta * 2 * (p - 1) / p * num_bytes
+
+    def optimizer(self, tensors: float, num_bytes: float) -> float:
+        """Optimizer step time for ``tensors`` parameter tensors of ``num_bytes`` in all."""
+        return self.optimizer_tensor_s * tensors + self.optimizer_byte_s * num_bytes
 
     def all_gather(self, num_bytes: float) -> float:
         """All-gather producing ``num_bytes`` in total (0 on one rank)."""
@@ -123,6 +142,17 @@ class Strategy:
     """Bytes of parameters, gradients and Adam states held by one rank."""
     act_mem: float
     """Bytes of the output activation held by one rank."""
+    end_mem: float = 0.0
+    """Bytes this operator holds at the end of backward, when the gradients are complete and
+    the activations gone (parameters, gradients, optimizer states, communication buffers); a
+    plan's memory is the larger of the two moments. 0: only :attr:`memory` counts."""
+    in_layouts: tuple[Layout, ...] = ()
+    """Layout of each input, for operators with several (a residual add, attention); empty:
+    every input takes :attr:`in_layout`."""
+
+    def input_layout(self, index: int) -> Layout:
+        """The layout this strategy needs on input ``index``."""
+        return self.in_layouts[index] if self.in_layouts else self.in_layout
 
     @property
     def time(self) -> float:

@@ -1,0 +1,207 @@
+"""Predicted vs measured step time and peak memory of ``autoparallelize``'s GPT-2 plans on CPU.
+
+Run ``python -m benchmarks.auto_parallel_gpt2`` (spawns 2 and then 4 gloo ranks; at 4 also the
+2 x 2 mesh, ``dp2xtp2``). Each rank
+calibrates the cost model on the spot: the matmul rate at the model's MLP shape, the cost of
+one small ATen operator (forward + backward), the optimizer's cost per parameter tensor and per
+byte, the cost of copying a byte, gloo's all-reduce inverse bandwidth (fastest of back-to-back
+all-reduces) and its latency inside a step (the mean of all-reduces issued after some compute).
+Then for every case it prices the plan family with
+:func:`~kolossos.auto_parallel.transformer_plan.family_plan`, builds it with
+:func:`~kolossos.auto_parallel.apply_transformer.apply_family`, and measures the step (forward,
+backward, Adam; per step the slowest rank; the fastest of STEPS steps, and the median) and the
+peak tensor bytes of one step with :class:`~kolossos.accelerator.TensorMemoryTracker`. The
+compute calibration takes the fastest of its loops too (on a machine shared with other jobs the
+fastest run is the one least disturbed). Prints one markdown row per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["MODELS", "main"]
+
+MODELS: dict[str, dict[str, int]] = {
+    "gpt2-l2-h32": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "batch": 8, "seq": 24},
+    "gpt2-l2-h64": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "batch": 4, "seq": 32},
+}
+STEPS = 20
+
+
+def _gpt2(spec: dict[str, int]) -> torch.nn.Module:
+    import transformers as tf
+
+    config = tf.GPT2Config(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
+                           vocab_size=spec["vocab"], n_positions=64, resid_pdrop=0.0,
+                           embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0,
+                           eos_token_id=0)  # fmt: skip
+    return tf.GPT2LMHeadModel(config)
+
+
+def _times(fn: Any, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _best(fn: Any, repeats: int) -> float:
+    """The fastest of ``repeats`` runs (the least disturbed by other jobs on the machine)."""
+    return min(_times(fn, repeats))
+
+
+def _in_step_latency(tensor: torch.Tensor, repeats: int = 40) -> float:
+    """Mean time of a 1-element all-reduce issued right after some compute (~0.1 ms of
+    matmuls), as inside a training step: the ranks are out of step and each waits for the
+    others to be scheduled. Back-to-back all-reduces (``_best``) keep them in lock-step."""
+    a = torch.randn(64, 64)
+    times = []
+    for _ in range(repeats):
+        for _ in range(4):
+            a @ a
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - start)
+    return sum(times) / len(times)
+
+
+def _agreed(value: float) -> float:
+    """The largest value over the ranks (the slowest rank sets the step)."""
+    tensor = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor)
+
+
+def calibrate(world_size: int, spec: dict[str, int]) -> dict[str, float]:
+    """The cost-model constants measured on this machine (collective: every rank calls it)."""
+    from kolossos.auto_parallel.calibrate import measure_compute, measure_optimizer
+
+    small, large = torch.zeros(1), torch.zeros(16384)
+    best_alpha = _best(lambda: dist.all_reduce(small), 30)
+    t_large = _best(lambda: dist.all_reduce(large), 30)
+    volume = 2 * (world_size - 1) / world_size * large.numel() * 4
+    beta = max(t_large - best_alpha, 0.0) / volume
+    alpha = _in_step_latency(small)
+    tokens, hidden = spec["batch"] * spec["seq"], spec["hidden"]
+    compute = measure_compute(tokens, hidden)
+    optimizer = measure_optimizer()
+    return {
+        "alpha": _agreed(alpha),
+        "beta": _agreed(beta),
+        "flops_per_s": 1.0 / _agreed(1.0 / compute["flops_per_s"]),
+        "op_s": _agreed(compute["op_s"]),
+        "optimizer_tensor_s": _agreed(optimizer["tensor_s"]),
+        "optimizer_byte_s": _agreed(optimizer["byte_s"]),
+        "copy_byte_s": _agreed(optimizer["copy_byte_s"]),
+    }
+
+
+def _measure(model: Any, spec: dict[str, int]) -> tuple[float, float, float]:
+    from kolossos.accelerator import TensorMemoryTracker
+
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, spec["vocab"], (spec["batch"], spec["seq"]))
+    batch = model.local_batch(ids)
+
+    def step() -> None:
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(2):
+        step()
+    # Per step the slowest rank counts; then the fastest and the median step.
+    per_step = torch.tensor(_times(step, STEPS), dtype=torch.float64)
+    dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+    best, median = float(per_step.min()), float(per_step.median())
+    with TensorMemoryTracker("cpu") as tracker:
+        tracker.track(model, opt)
+        tracker.reset_peak()
+        step()
+    return best, median, _agreed(float(tracker.peak_bytes))
+
+
+def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tuple[Any, ...]]:
+    import kolossos
+    from kolossos.auto_parallel import CostModel
+    from kolossos.auto_parallel.apply_transformer import apply_family
+    from kolossos.auto_parallel.autoparallelize import _torch_mesh
+    from kolossos.auto_parallel.module_graph import trace_operators
+    from kolossos.auto_parallel.transformer_plan import (
+        family_plan,
+        hybrid_plan,
+        search_transformer_plan,
+    )
+    from kolossos.auto_parallel.transformer_strategies import transformer_graph
+
+    kolossos.launch(config={}, rank=rank, world_size=world_size, host="127.0.0.1", port=port,
+                    backend="gloo", seed=0, verbose=False)  # fmt: skip
+    torch.set_num_threads(1)
+    mesh = _torch_mesh(None)
+    rows = []
+    for name in models:
+        spec = MODELS[name]
+        cost = CostModel(world_size=world_size, **calibrate(world_size, spec))
+        ids = torch.empty(spec["batch"], spec["seq"], dtype=torch.long, device="meta")
+        groups = trace_operators(_gpt2(spec), {"input_ids": ids, "labels": ids})
+        plans = {f: family_plan(f, groups, cost) for f in ("dp", "megatron", "replicated")}
+        graphs = dict.fromkeys(plans, transformer_graph(groups, cost))
+        hybrid = {}
+        if world_size == 4:  # the 2 x 2 mesh: Megatron in pairs, data parallel across
+            half = torch.empty(spec["batch"] // 2, spec["seq"], dtype=torch.long, device="meta")
+            hybrid[2] = trace_operators(_gpt2(spec), {"input_ids": half, "labels": half})
+            plans["dp2xtp2"] = hybrid_plan(hybrid[2], cost, 2)
+            graphs["dp2xtp2"] = transformer_graph(hybrid[2], cost)
+        unlimited, _ = search_transformer_plan(groups, cost, None, hybrid)
+        for family, plan in plans.items():
+            chosen, _ = search_transformer_plan(groups, cost, plan.memory, hybrid)
+            if family == unlimited:
+                budget = "none"
+            elif chosen == family:
+                budget = f"{plan.memory / 2**20:.2f} MiB"
+            else:
+                budget = f"forced ({chosen} chosen at its memory)"
+            torch.manual_seed(0)
+            model = apply_family(_gpt2(spec), family, plan, graphs[family], mesh)
+            best, median, peak = _measure(model, spec)
+            rows.append((name, family, budget, plan.step_time, best, median, plan.memory, peak))
+        if rank == 0:
+            print(f"{name} P={world_size}: {cost}", flush=True)
+    return rows
+
+
+def main() -> None:
+    """Print the table for 2 and 4 ranks."""
+    from kolossos.testing.spawn import spawn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), action="append")
+    parser.add_argument("--ranks", type=int, action="append")
+    args = parser.parse_args()
+    models = args.model or list(MODELS)
+    rows = []
+    for world_size in args.ranks or (2, 4):
+        for row in spawn(_rank, world_size, models=models)[0]:
+            rows.append((world_size, *row))
+    print("| model | ranks | plan | budget | predicted ms | fastest ms | time err | median ms | "
+          "predicted MiB | measured peak MiB | memory err |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for world_size, name, family, budget, p_t, m_t, med, p_m, m_m in rows:
+        print(
+            f"| {name} | {world_size} | {family} | {budget} | {p_t * 1e3:.2f} | {m_t * 1e3:.2f} "
+            f"| {(p_t - m_t) / m_t:+.0%} | {med * 1e3:.2f} | {p_m / 2**20:.3f} "
+            f"| {m_m / 2**20:.3f} | {(p_m - m_m) / m_m:+.1%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
