@@ -145,10 +145,12 @@ def test_every_plugin_fine_tunes_the_same(tmp_path: Path, llama: tuple[Path, Pat
         assert_moved(start, trained, ATOL)
 
 
-#: 4-process runs: data parallel, and the model split 2 x 2 (tp x pp) or tp x (dp ZeRO)
+#: 4-process runs: every data-parallel plugin, and the model split 2 x 2 (tp x pp) or tp x (dp ZeRO)
 RUNS_4: dict[str, list[str]] = {
     "ddp4": ["plugin=torch_ddp"],
     "zero2-4": ["plugin=low_level_zero", "plugin_kwargs.stage=2"],
+    "gemini4": ["plugin=gemini"],
+    "fsdp4": ["plugin=torch_fsdp"],
     "tp2-pp2": [
         "plugin=hybrid_parallel",
         "plugin_kwargs.tp_size=2",
