@@ -8,7 +8,12 @@ import sys
 from benchmarks.runner import main
 
 #: benchmarks with a command line of their own: ``python -m benchmarks NAME [options]``
-STANDALONE = {"sequence_parallel": "benchmarks.sequence_parallel", "moe": "benchmarks.moe"}
+STANDALONE = {
+    "sequence_parallel": "benchmarks.sequence_parallel",
+    "moe": "benchmarks.moe",
+    "profile": "benchmarks.profile_steps",
+    "summary": "benchmarks.summary",
+}
 
 if __name__ == "__main__":
     argv = sys.argv[1:]

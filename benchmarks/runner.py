@@ -49,6 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="model name, repeatable (default: gpt2-50m; --quick: the tiny models)",
     )
     p.add_argument("--world-size", type=int, default=2, help="ranks per job (default 2)")
+    p.add_argument(
+        "--rows",
+        help="comma-separated row names: run only these of each suite (default: all)",
+    )
     p.add_argument("--batch", type=int, help="samples per rank and step")
     p.add_argument("--steps", type=int, help="timed steps per repetition")
     p.add_argument("--warmup", type=int, help="untimed steps before them")
@@ -162,6 +166,9 @@ def _run_job(suite: Suite, model: str, args: argparse.Namespace) -> list[dict[st
 
     spec = get_model(model)
     contenders = suite.contenders()
+    if args.rows:
+        wanted = [name for name in args.rows.split(",") if name]
+        contenders = {name: c for name, c in contenders.items() if name in wanted}
     plan = JobPlan(
         suite=suite.name,
         model=model,

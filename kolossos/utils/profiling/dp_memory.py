@@ -6,9 +6,11 @@
   ``bf16`` run under autocast, which keeps half-precision copies of the weights through forward
   and backward; activations are then estimated at two bytes an element (an approximation:
   autocast keeps norms and softmax in fp32).
-* ``LowLevelZeroPlugin``: the flat working buffer, ZeRO-1's full flat gradient buffer or ZeRO-2's
-  gradient partition, fp32 master partitions (a view of the working buffer for fp32 without
-  offload), AdamW states of the partition, gradient bucket buffers during backward, the fp32
+* ``LowLevelZeroPlugin``: the flat working buffer, ZeRO-1's full flat gradient buffer (from the
+  first gradient of a step's backward to ``zero_grad``; through the forward passes too when a
+  step runs several backward passes, as pipeline micro-batches do) or ZeRO-2's gradient
+  partition, fp32 master partitions (a view of the working buffer for fp32 without offload),
+  AdamW states of the partition, gradient bucket buffers during backward, the fp32
   copy of the gradient partition at the step (with ``cpu_offload`` masters, states and the fp32
   gradient partition are host memory).
 """
@@ -64,9 +66,11 @@ def zero_phases(
     act: ActivationBytes,
     at: ActivationPoints,
     work: Workload,
+    accumulating: bool = False,
 ) -> list[Phase]:
     """The phases of LowLevelZero's optimizer over ``rank``'s parameters and ``n`` ranks (the
-    hybrid engine's ZeRO over its data-parallel axis too)."""
+    hybrid engine's ZeRO over its data-parallel axis too); ``accumulating``: several backward
+    passes per step, so ZeRO-1's flat gradient buffer is alive through the forward passes."""
     padded = -(-rank.numel // n) * n
     part = padded / n
     separate_master = w != 4 or offload
@@ -77,6 +81,7 @@ def zero_phases(
     buffers = zero_buffers(rank.sizes, rank.arrival, n, work.bucket_elements, stage, pairwise,
                            inside_after=rank.head_tensors + rank.block_tensors)  # fmt: skip
     flat_grads = w * padded if stage == 1 else 0.0
+    before_backward = flat_grads if accumulating else 0.0  # zero_grad freed it
     store = 4.0 * part if offload else (w * part if stage == 2 else 0.0)
 
     def grads_at(exists: bool) -> tuple[float, float]:
@@ -96,9 +101,9 @@ def zero_phases(
     g_end, h_end = grads_at(buffers.partition_end)
     g_all, h_all = grads_at(stage == 2)
     return [
-        Phase("loss", {**dev_keep, "grads": flat_grads, "activations": at.forward,
+        Phase("loss", {**dev_keep, "grads": before_backward, "activations": at.forward,
                        "temporary": at.loss_temporary}, host),
-        Phase("head", {**dev_keep, "grads": flat_grads, "activations": at.head,
+        Phase("head", {**dev_keep, "grads": before_backward, "activations": at.head,
                        "temporary": new_grad}, host),
         Phase("backward", {**dev_keep, "grads": g_in, "activations": at.inside,
                            "buffers": w * buffers.inside, "temporary": in_block},

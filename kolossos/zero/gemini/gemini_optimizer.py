@@ -29,6 +29,7 @@ from kolossos.interface import OptimizerWrapper
 from kolossos.interface.optimizer import _check_clip
 from kolossos.nn.optimizer import CPUAdam, HybridAdam
 from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
+from kolossos.nn.optimizer.fused_step import fused_adam_step
 from kolossos.zero.gemini.chunk import Chunk
 from kolossos.zero.gemini.colo_params import repoint_optimizer_params, tp_grad_norm, tp_group_of
 from kolossos.zero.gemini.full_tensors import local_range
@@ -272,7 +273,8 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
             # a parameter without any gradient in this accumulation is skipped, as torch does
             got = chunk.grad_shard is not None and self.manager.locate(p)[1].has_grad
             view.grad = chunk.grad_shard[begin:end] if got else None  # type: ignore[index]
-        out = self.optim.step()
+        with fused_adam_step(self.optim):  # host shards of a plain Adam: torch's fused kernel
+            out = self.optim.step()
         for *_, view in self.slices:
             view.grad = None
         for chunk in self.manager:  # gradient shards live from backward to step only

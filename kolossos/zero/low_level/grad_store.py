@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kolossos.zero.low_level.grad_buffers import FlatGradBuffers
 from kolossos.zero.low_level.partition import FlatLayout
 
 __all__ = ["GradStore", "StoreMode"]
@@ -55,7 +56,7 @@ class GradStore:
         mode: StoreMode,
         dtype: torch.dtype,
         device: torch.device,
-        flat_grads: Sequence[torch.Tensor] | None = None,
+        flat_grads: FlatGradBuffers | Sequence[torch.Tensor] | None = None,
     ) -> None:
         if (mode is StoreMode.IN_PLACE) != (flat_grads is not None):
             raise ValueError("flat_grads must be given exactly for StoreMode.IN_PLACE.")
@@ -64,7 +65,7 @@ class GradStore:
         self.mode = mode
         self.dtype = torch.float32 if mode is StoreMode.OFFLOAD else dtype
         self.device = torch.device("cpu") if mode is StoreMode.OFFLOAD else device
-        self._flat_grads = list(flat_grads) if flat_grads is not None else None
+        self._flat_grads = flat_grads  # the owner may replace the buffers: keep its sequence
         self._buffers: list[torch.Tensor | None] = [None] * len(self.layouts)
         self._filled = [False] * len(self.layouts)
 
@@ -108,9 +109,10 @@ class GradStore:
             return self._flat_grads[group][start:stop]
         return self._buffers[group]
 
-    def clear(self) -> None:
-        """Forget (``IN_PLACE``: zero) every stored gradient."""
-        if self._flat_grads is not None:
+    def clear(self, zero: bool = True) -> None:
+        """Forget every stored gradient (``IN_PLACE`` with ``zero``: zero the flat buffers;
+        without, their owner overwrites them instead)."""
+        if zero and self._flat_grads is not None:
             for flat in self._flat_grads:
                 flat.zero_()
         self._buffers = [None] * len(self.layouts)

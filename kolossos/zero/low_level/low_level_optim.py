@@ -28,10 +28,12 @@ from kolossos.interface import OptimizerWrapper
 from kolossos.interface.optimizer import _check_clip
 from kolossos.logging import get_dist_logger
 from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
+from kolossos.nn.optimizer.fused_step import fused_adam_step
 from kolossos.zero.low_level.bucket import plan_buckets
 from kolossos.zero.low_level.clip import clip_by_global_norm_
 from kolossos.zero.low_level.comm import Communicator
-from kolossos.zero.low_level.flat_buffers import attach_grad_views, flatten_params, param_views
+from kolossos.zero.low_level.flat_buffers import flatten_params
+from kolossos.zero.low_level.grad_buffers import FlatGradBuffers
 from kolossos.zero.low_level.grad_store import GradStore, StoreMode
 from kolossos.zero.low_level.offload import MasterWeights
 from kolossos.zero.low_level.optim_state import PartitionedStateMixin
@@ -219,17 +221,13 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
     def _build_reducer(self, comm_dtype: torch.dtype) -> None:
         options = self.options
         stage2 = options.partition_grad
-        self.flat_grads: list[torch.Tensor] | None = None
+        device = self.flat_work[0].device if self.flat_work else torch.device("cpu")
+        self.flat_grads: FlatGradBuffers | None = None
         if not stage2:
-            self.flat_grads = [torch.zeros_like(flat) for flat in self.flat_work]
-            self._grad_views = [
-                param_views(flat, layout)
-                for flat, layout in zip(self.flat_grads, self.layouts, strict=True)
-            ]
+            self.flat_grads = FlatGradBuffers(self.layouts, self.working_dtype, device)
         mode = StoreMode.SHARD if stage2 else StoreMode.IN_PLACE
         if options.cpu_offload:
             mode = StoreMode.OFFLOAD
-        device = self.flat_work[0].device if self.flat_work else torch.device("cpu")
         self.store = GradStore(
             self.layouts,
             self.comm.rank,
@@ -359,8 +357,7 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         as they become ready (``sync=True``) or at the step (``sync=False``, ZeRO-1). The losses
         back-propagated inside must already be scaled by ``loss_scale / world_size``."""
         if self.flat_grads is not None:
-            for params, views in zip(self.groups, self._grad_views, strict=True):
-                attach_grad_views(params, views)
+            self.reducer.attach_grads()
         self._prepared = None
         self.reducer.begin(sync=sync)
         try:
@@ -454,7 +451,8 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
             self.clip_grad_by_norm(self.options.clip_grad_norm, self.options.norm_type)
         for master, grad in zip(self.masters.params, grads, strict=True):
             master.grad = grad
-        out = self.optim.step()
+        with fused_adam_step(self.optim):  # host shards of a plain Adam: torch's fused kernel
+            out = self.optim.step()
         for g, master in enumerate(self.masters.params):
             part, grad = self.store.partition(g), master.grad
             if part is None or grad is None or grad.data_ptr() != part.data_ptr():
@@ -471,8 +469,11 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop (ZeRO-1: zero) every gradient, reduced or local."""
-        self.store.clear()
+        """Drop every gradient, reduced or local (ZeRO-1: its flat buffer is left as it is and
+        overwritten by the next backward)."""
+        self.store.clear(zero=False)
+        if self.flat_grads is not None:
+            self.reducer.forget_local()
         for master in self.masters.params:
             master.grad = None
         if self.flat_grads is None:

@@ -4,9 +4,15 @@ owners as soon as they are complete (overlapping the rest of backward), in a fix
 Per backward pass (``begin`` ... autograd ... ``finish``):
 
 1. The hook of a parameter runs once its gradient for this pass is final
-   (``register_post_accumulate_grad_hook``). ZeRO-1 leaves it in the flat gradient buffer (the
-   ``.grad`` is a view of it); ZeRO-2 copies it into the buckets it overlaps (cast to the
+   (``register_post_accumulate_grad_hook``). ZeRO-1 keeps it in the flat gradient buffer (the
+   ``.grad`` becomes a view of it); ZeRO-2 copies it into the buckets it overlaps (cast to the
    communication dtype) and frees ``.grad`` at once.
+   ZeRO-1's buffer is never zeroed as a whole: after ``zero_grad`` (:meth:`forget_local`) every
+   parameter's range is *unwritten*, its ``.grad`` is ``None``, autograd hands the hook a fresh
+   gradient and the hook copies it into the range (one pass, where zeroing the buffer and
+   accumulating into it took three). Later passes (``no_sync``) accumulate into the view as
+   usual. Ranges still unwritten when their bucket is reduced are zeroed then, and the
+   buffers themselves are freed by ``zero_grad`` (:mod:`~kolossos.zero.low_level.grad_buffers`).
    With two gloo ranks (point-to-point reduction, :mod:`~kolossos.zero.low_level.comm`) the
    owner of a ZeRO-2 bucket adds its own gradients straight into its partition and only
    receives the other rank's part, so each rank holds one buffer per bucket in flight.
@@ -36,6 +42,7 @@ import torch
 
 from kolossos.zero.low_level.bucket import BucketSpec, BufferPool, buckets_of_params
 from kolossos.zero.low_level.comm import Communicator, Handle
+from kolossos.zero.low_level.grad_buffers import FlatGradBuffers
 from kolossos.zero.low_level.grad_store import GradStore, StoreMode
 from kolossos.zero.low_level.partition import FlatLayout
 
@@ -84,7 +91,7 @@ class GradientReducer:
         buckets: Sequence[BucketSpec],
         comm: Communicator,
         store: GradStore,
-        flat_grads: Sequence[torch.Tensor] | None,
+        flat_grads: FlatGradBuffers | None,
         comm_dtype: torch.dtype,
         overlap: bool,
     ) -> None:
@@ -93,8 +100,11 @@ class GradientReducer:
         self.buckets = list(buckets)
         self.comm = comm
         self.store = store
-        self.flat_grads = list(flat_grads) if flat_grads is not None else None
+        self.flat_grads = flat_grads
         self.partition_grads = flat_grads is None  # ZeRO-2
+        #: ZeRO-1: whether a parameter's range of the flat gradient buffer holds this rank's
+        #: current gradient (``False``: stale or freed, to be overwritten or zeroed)
+        self._written = [[False] * len(g) for g in self.params]
         self.comm_dtype = comm_dtype
         self.overlap = overlap
         self._of_param = buckets_of_params(self.buckets, [len(g) for g in self.params])
@@ -136,6 +146,8 @@ class GradientReducer:
         """The gradient of parameter ``i`` of group ``g`` is final for this backward pass."""
         if not self._active:
             raise RuntimeError(_OUTSIDE_BACKWARD)
+        if self.flat_grads is not None:
+            self._adopt(g, i, param)
         if not self._sync:  # ZeRO-1 under no_sync: keep accumulating in the flat buffer
             return
         if self._fired[g][i]:
@@ -155,6 +167,47 @@ class GradientReducer:
         if self.overlap or self.partition_grads:
             self._launch_ready()
         self._poll()
+
+    def _adopt(self, g: int, i: int, param: torch.Tensor) -> None:
+        """ZeRO-1: copy the parameter's ``.grad`` (autograd's fresh tensor) into its flat
+        range and make ``.grad`` the view of it."""
+        assert self.flat_grads is not None
+        grad = param.grad
+        if grad is None or (self.flat_grads.alive(g) and grad is self.flat_grads.views(g)[i]):
+            return
+        view = self.flat_grads.views(g)[i]
+        view.copy_(grad)  # autograd fills a .grad that is None: the whole gradient so far
+        self._written[g][i] = True
+        param.grad = view
+
+    def attach_grads(self) -> None:
+        """ZeRO-1, before a backward pass and before reducing: written ranges become the
+        ``.grad`` (autograd accumulates into them in place); a gradient someone replaced is
+        copied in, and one set to ``None`` (``model.zero_grad()``) makes its range unwritten."""
+        assert self.flat_grads is not None
+        for g, (group, written) in enumerate(zip(self.params, self._written, strict=True)):
+            for i, param in enumerate(group):
+                grad = param.grad
+                if grad is None:
+                    written[i] = False
+                    continue
+                view = self.flat_grads.views(g)[i]
+                if grad is view:
+                    continue
+                view.copy_(grad)
+                written[i] = True
+                param.grad = view
+
+    def forget_local(self) -> None:
+        """ZeRO-1 ``zero_grad``: every range unwritten, every ``.grad`` ``None`` and the flat
+        buffers freed (the next pass allocates and overwrites them)."""
+        assert self.flat_grads is not None
+        self.flat_grads.free()
+        for group, written in zip(self.params, self._written, strict=True):
+            for i, param in enumerate(group):
+                written[i] = False
+                param.grad = None
+        self.local_unreduced = False
 
     def _owner_direct(self, bucket: BucketSpec) -> bool:
         """ZeRO-2, pairwise: the owner keeps its own part in the store, receives the other."""
@@ -203,9 +256,16 @@ class GradientReducer:
 
     def reduce_remaining(self) -> None:
         """Launch every bucket not launched yet (in order), then wait for all of them."""
+        if self.flat_grads is not None:
+            self.attach_grads()  # gradients set from outside autograd (pipelines' shared ones)
         while self._next < len(self.buckets):
             self._launch(self._next)
             self._next += 1
+        if self.flat_grads is not None:  # what no gradient reached was zeroed at its launch
+            for g, (group, written) in enumerate(zip(self.params, self._written, strict=True)):
+                written[:] = [True] * len(written)
+                for param, view in zip(group, self.flat_grads.views(g), strict=True):
+                    param.grad = view
         self._drain()
         self.pool.clear()  # no bucket memory between backward passes (the activation peak)
         self.local_unreduced = False
@@ -250,6 +310,7 @@ class GradientReducer:
             pooled.append(send)
         else:
             send = self._region(bucket)
+            self._zero_unwritten(bucket)
             if send.dtype != self.comm_dtype:  # a cast copy in the communication dtype
                 send = self._acquire(bucket.numel).copy_(send)
                 pooled.append(send)
@@ -258,6 +319,14 @@ class GradientReducer:
             pooled.append(scratch)
         handle = self.comm.reduce_to_owner(send, bucket.owner, b, scratch)
         self._inflight.append(_Flight(bucket, handle, send if owner else None, pooled))
+
+    def _zero_unwritten(self, bucket: BucketSpec) -> None:
+        """ZeRO-1: zero the bucket's ranges that no gradient reached since ``zero_grad``."""
+        assert self.flat_grads is not None
+        flat, written = self.flat_grads[bucket.group], self._written[bucket.group]
+        for piece in bucket.pieces:
+            if not written[piece.param]:
+                flat[piece.lo : piece.hi].zero_()
 
     def _region(self, bucket: BucketSpec) -> torch.Tensor:
         assert self.flat_grads is not None
