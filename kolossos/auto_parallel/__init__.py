@@ -10,9 +10,11 @@
   (:mod:`~kolossos.auto_parallel.strategies`), a dynamic-programming solver under a per-rank
   memory budget (:mod:`~kolossos.auto_parallel.solver`) and the plan applied with DTensor
   column/row parallel styles or data parallelism (:mod:`~kolossos.auto_parallel.apply`); for
-  Hugging Face GPT-2, an ILP over the whole traced DAG (:mod:`~kolossos.auto_parallel.ilp`,
-  SciPy's HiGHS, ``pip install 'kolossos[auto]'``) and data parallel, Megatron (ShardFormer) or
-  replicated execution (:mod:`~kolossos.auto_parallel.apply_transformer`). See
+  Hugging Face GPT-2 and LLaMA, an ILP over the whole traced DAG
+  (:mod:`~kolossos.auto_parallel.ilp`, SciPy's HiGHS, ``pip install 'kolossos[auto]'``) and data
+  parallel, Megatron (ShardFormer) or replicated execution
+  (:mod:`~kolossos.auto_parallel.apply_transformer`), with the model's blocks recomputed when no
+  plan fits the memory budget (:mod:`~kolossos.auto_parallel.transformer_checkpoint`). See
   ``docs/auto_parallel.md``.
 """
 

@@ -51,6 +51,9 @@ class AutoParallelTransformer(nn.Module):
 
         self.batch_mesh: TorchDeviceMesh | None = None
         """The mesh (axis) the batch is split over; ``None``: every rank the whole batch."""
+        self.recompute: Any = None
+        """The :class:`~kolossos.auto_parallel.transformer_checkpoint.BlockCheckpoint` applied
+        (which blocks are recomputed), or ``None``: no activation checkpointing."""
 
     @property
     def data_parallel(self) -> bool:
@@ -84,8 +87,12 @@ class AutoParallelTransformer(nn.Module):
         return result
 
     def explain(self) -> str:
-        """The plan table (per operator: strategy, layouts, communication, memory)."""
-        return f"family {self.family}\n" + format_dag_plan(self.plan, self.graph)
+        """The plan table (per operator: strategy, layouts, communication, memory), and the
+        blocks recomputed with the predicted memory and time when checkpointing is on."""
+        text = f"family {self.family}\n" + format_dag_plan(self.plan, self.graph)
+        if self.recompute is not None:
+            text += "\n" + self.recompute.describe()
+        return text
 
     def print_plan(self) -> None:
         """Print :meth:`explain`."""

@@ -6,7 +6,7 @@ Two paths on a 1-d mesh:
   dynamic program compares the best pure data-parallel and the best pure tensor-parallel
   (Megatron column/row) plan under the memory budget — the two families
   :func:`~kolossos.auto_parallel.apply.apply_plan` implements;
-* Hugging Face transformers (GPT-2): the ATen graph is grouped into operators
+* Hugging Face transformers (GPT-2, LLaMA): the ATen graph is grouped into operators
   (:mod:`~kolossos.auto_parallel.module_graph`), priced per strategy
   (:mod:`~kolossos.auto_parallel.transformer_strategies`) and searched with the ILP
   (:mod:`~kolossos.auto_parallel.ilp`); the fastest executable family that fits — data
@@ -46,7 +46,10 @@ from kolossos.auto_parallel.strategies import (
     strategies_for,
 )
 from kolossos.auto_parallel.tracer import ColoTracer, _is_hf_model
-from kolossos.auto_parallel.transformer_plan import parse_hybrid, search_transformer_plan
+from kolossos.auto_parallel.transformer_checkpoint import (
+    apply_block_checkpoint,
+    search_with_checkpoint,
+)
 from kolossos.auto_parallel.transformer_strategies import transformer_graph
 
 __all__ = ["autoparallelize", "build_chain", "measure_flops_rate", "search_plan"]
@@ -159,13 +162,17 @@ def autoparallelize(
 
     Args:
         model: an MLP-like chain of ``nn.Linear``/``nn.LayerNorm``/activations, or a Hugging
-            Face GPT-2 (``GPT2LMHeadModel``; same initial weights on every rank).
+            Face GPT-2 or LLaMA (``GPT2LMHeadModel``, ``LlamaForCausalLM``; same initial
+            weights on every rank).
         meta_input_samples: ``{"x": tensor}`` of the whole batch's shape (meta tensors work);
             for a transformer the keyword inputs, e.g. ``{"input_ids": ids, "labels": ids,
             "use_cache": False}``.
         device_mesh: a torch ``DeviceMesh``, a kolossos ``DeviceMesh`` (1-d) or ``None`` for
             all ranks of the default group.
         memory_budget: bytes per rank for parameters, gradients, Adam states and activations.
+            For a transformer whose every plan family needs more, the model's repeated blocks
+            are recomputed in the backward where a Rotor plan says so (the least recompute
+            that fits; :mod:`~kolossos.auto_parallel.transformer_checkpoint`).
         cost_model: compute rate and alpha-beta constants; default: the measured matmul rate and
             :class:`CostModel`'s defaults.
 
@@ -181,7 +188,8 @@ def autoparallelize(
     Raises:
         UnsupportedOperatorError: (a ``NotImplementedError``) an operator or graph shape outside
             the supported MLP chains; the message names the node and operator.
-        InfeasibleBudgetError: no plan fits ``memory_budget``.
+        InfeasibleBudgetError: no plan fits ``memory_budget`` (for a transformer: even with
+            checkpointing; the message gives the smallest reachable peak).
     """
     if kwargs:
         raise TypeError(f"autoparallelize: unsupported options {sorted(kwargs)}.")
@@ -222,11 +230,15 @@ def _autoparallelize_transformer(
                 for k, v in meta_input_samples.items()
             }
             hybrid[dp] = trace_operators(model, local)
-    family, plan = search_transformer_plan(groups, cost, memory_budget, hybrid)
-    shape = parse_hybrid(family)
-    graph_groups = hybrid[shape[0]] if shape is not None else groups
+    family, plan, graph_groups, recompute = search_with_checkpoint(
+        groups, cost, memory_budget, hybrid
+    )
     graph = transformer_graph(graph_groups, cost)
-    return apply_family(model, family, plan, graph, mesh)
+    result = apply_family(model, family, plan, graph, mesh)
+    if recompute is not None:
+        apply_block_checkpoint(result.module, recompute.recomputed)
+        result.recompute = recompute
+    return result
 
 
 def _batch_size(samples: Mapping[str, Any]) -> int:

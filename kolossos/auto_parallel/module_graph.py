@@ -6,7 +6,8 @@ into *operators*, walking the graph in order:
 
 * a node that reads a parameter belongs to the operator of its module (``transformer.h.0.attn.
   c_attn``, a ``Conv1D``; ``transformer.h.0.ln_1``; ``transformer.wte``). Its kind comes from the
-  module type: linear (``nn.Linear``, Hugging Face ``Conv1D``), layernorm, embedding;
+  module type: linear (``nn.Linear``, Hugging Face ``Conv1D``), layernorm (``LayerNorm`` or
+  ``RMSNorm``), embedding;
 * ``scaled_dot_product_attention`` starts an ``attention`` operator, ``cross_entropy_loss`` the
   ``loss`` (a sink);
 * another node joins the operator of its input when it reads one operator, or the operator of
@@ -98,8 +99,10 @@ def _kind_of(type_name: str, root: nn.Module, path: str, node: fx.Node) -> Group
     module = root.get_submodule(path) if path else None
     if isinstance(module, nn.Linear) or type_name == "Conv1D":
         return "linear"
-    if isinstance(module, nn.LayerNorm) or type_name == "LayerNorm":
-        return "layernorm"
+    if isinstance(module, nn.LayerNorm | nn.RMSNorm) or type_name.endswith(
+        ("LayerNorm", "RMSNorm")
+    ):
+        return "layernorm"  # a normalisation: LayerNorm, or RMSNorm (LLaMA), priced alike
     if isinstance(module, nn.Embedding) or type_name == "Embedding":
         return "embedding"
     raise UnsupportedOperatorError(
@@ -184,7 +187,14 @@ def build_module_graph(
             group = new_group("attention", f"{path}.attention" if path else "attention")
         elif base in ("cross_entropy_loss", "nll_loss", "mse_loss"):
             group = new_group("loss", "loss")
-        elif path in groups and groups[path].kind == "elementwise" and sources:
+        elif (
+            path in groups
+            and groups[path].kind == "elementwise"
+            and sources
+            and (base not in _VIEWS or path in sources)
+        ):
+            # more of an activation's (or LLaMA's rotary embedding's) nodes; a view of another
+            # operator's output in the same module (attention's output reshaped) is not one
             group = groups[path]
         elif len(sources) == 1 and (base in _VIEWS or groups[sources[0]].path == path):
             group = groups[sources[0]]

@@ -1,4 +1,4 @@
-"""Plan search for transformers (GPT-2 and models named like it): the ILP over the whole traced
+"""Plan search for transformers (GPT-2, LLaMA): the ILP over the whole traced
 DAG, and the plan families :mod:`~kolossos.auto_parallel.apply_transformer` can execute.
 
 * ``search_free`` — the unrestricted optimum over every strategy of every operator
@@ -6,7 +6,8 @@ DAG, and the plan families :mod:`~kolossos.auto_parallel.apply_transformer` can 
 * Executable families: ``dp`` (the ILP restricted to batch-sharded layouts: data
   parallelism), ``megatron`` (column ``c_attn``/``c_fc``, row ``c_proj``, heads sharded,
   vocabulary-parallel embedding, head and cross entropy, layer norms and residuals replicated —
-  what ShardFormer's GPT-2 policy runs), ``replicated`` (every rank computes everything) and,
+  what ShardFormer's GPT-2 policy runs; LLaMA's ``q/k/v/gate/up_proj`` column, ``o/down_proj``
+  row), ``replicated`` (every rank computes everything) and,
   on a 2-d ``dp × tp`` mesh, ``dp{dp}xtp{tp}`` (Megatron inside each ``tp`` group, data
   parallelism across them: :func:`hybrid_plan`). :func:`search_transformer_plan` returns the
   fastest that fits the budget.
@@ -22,11 +23,12 @@ from kolossos.auto_parallel.module_graph import OperatorGroup
 from kolossos.auto_parallel.sharding_graph import DagPlan, ShardingGraph, evaluate
 from kolossos.auto_parallel.solver import InfeasibleBudgetError
 from kolossos.auto_parallel.strategies import CostModel, Layout
-from kolossos.auto_parallel.transformer_strategies import megatron_names, transformer_graph
+from kolossos.auto_parallel.transformer_strategies import megatron_assignment, transformer_graph
 
 __all__ = [
     "FAMILIES",
     "family_plan",
+    "family_plans",
     "format_dag_plan",
     "hybrid_plan",
     "parse_hybrid",
@@ -58,7 +60,7 @@ def family_plan(family: str, groups: Sequence[OperatorGroup], cost: CostModel) -
         batch: tuple[Layout, ...] = ("B",)
         return solve_ilp(restrict(graph, batch), cost)
     if family == "megatron":
-        names = [{"R"} if g.kind == "input" else megatron_names(g) for g in groups]
+        names = megatron_assignment(groups)
         return _fixed(graph, groups, names, cost)
     if family == "replicated":
         return _fixed(graph, groups, [{"R", "rep"} for _ in groups], cost)
@@ -97,6 +99,19 @@ def search_free(
     return solve_ilp(transformer_graph(groups, cost), cost, memory_budget=memory_budget)
 
 
+def family_plans(
+    groups: Sequence[OperatorGroup],
+    cost: CostModel,
+    hybrid: Mapping[int, Sequence[OperatorGroup]] | None = None,
+) -> dict[str, tuple[DagPlan, Sequence[OperatorGroup]]]:
+    """Every executable family's best plan (ignoring the budget), with the operators it was
+    priced on (a ``dp × tp`` family's are traced at ``1/dp`` of the batch)."""
+    plans = {family: (family_plan(family, groups, cost), groups) for family in FAMILIES}
+    for dp, local in (hybrid or {}).items():
+        plans[f"dp{dp}xtp{cost.world_size // dp}"] = (hybrid_plan(local, cost, dp), local)
+    return plans
+
+
 def search_transformer_plan(
     groups: Sequence[OperatorGroup],
     cost: CostModel,
@@ -112,9 +127,7 @@ def search_transformer_plan(
         InfeasibleBudgetError: no family fits (the message lists each family's memory).
     """
     budget = float("inf") if memory_budget is None else memory_budget
-    plans = {family: family_plan(family, groups, cost) for family in FAMILIES}
-    for dp, local in (hybrid or {}).items():
-        plans[f"dp{dp}xtp{cost.world_size // dp}"] = hybrid_plan(local, cost, dp)
+    plans = {f: plan for f, (plan, _) in family_plans(groups, cost, hybrid).items()}
     fitting = {f: p for f, p in plans.items() if p.memory <= budget}
     if not fitting:
         sizes = ", ".join(f"{f} {p.memory:.0f}" for f, p in plans.items())

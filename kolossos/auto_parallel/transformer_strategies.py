@@ -36,7 +36,7 @@ from kolossos.auto_parallel.module_graph import OperatorGroup
 from kolossos.auto_parallel.sharding_graph import DagNode, ShardingGraph, layout_strategies
 from kolossos.auto_parallel.strategies import CostModel, Layout, Strategy
 
-__all__ = ["MEGATRON_ROLES", "megatron_names", "transformer_graph"]
+__all__ = ["MEGATRON_ROLES", "megatron_assignment", "megatron_names", "transformer_graph"]
 
 _STATE_COPIES = 4.0
 """Parameter, gradient, exp_avg and exp_avg_sq at the end of forward: in the usual loop
@@ -59,6 +59,25 @@ def megatron_names(group: OperatorGroup) -> set[str]:
     if group.kind == "loss":
         return {"F"}
     return {"R"}
+
+
+def megatron_assignment(groups: Sequence[OperatorGroup]) -> list[set[str]]:
+    """The Megatron plan's strategy names for every operator of ``groups`` (in order): as
+    :func:`megatron_names`, except that a two-input ``add``/``mul`` of operators both sharded
+    ``F`` (LLaMA's ``act_fn(gate_proj) * up_proj``) stays ``F``; inputs are ``R``."""
+    sharded: set[str] = set()
+    result = []
+    for group in groups:
+        if group.kind == "input":
+            wanted = {"R"}
+        elif group.kind == "add" and group.inputs and sharded.issuperset(group.inputs):
+            wanted = {"F"}
+        else:
+            wanted = megatron_names(group)
+        if wanted & {"col", "F"}:
+            sharded.add(group.name)
+        result.append(wanted)
+    return result
 
 
 def _strategies(group: OperatorGroup, cost: CostModel) -> list[Strategy]:

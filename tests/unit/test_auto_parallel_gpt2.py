@@ -154,9 +154,15 @@ def test_unsupported_module_names_the_node() -> None:
     from kolossos.auto_parallel import UnsupportedOperatorError
     from kolossos.auto_parallel.module_graph import trace_operators
 
-    config = tf.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                            num_attention_heads=4, num_key_value_heads=4, vocab_size=64,
-                            use_cache=False)  # fmt: skip
+    class _Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8)
+            self.act = torch.nn.PReLU()  # a module with a parameter and no strategies
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.act(self.emb(input_ids))
+
     ids = torch.zeros(2, 8, dtype=torch.long, device="meta")
-    with pytest.raises(UnsupportedOperatorError, match=r"node '.*' \(operator .*LlamaRMSNorm"):
-        trace_operators(tf.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids})
+    with pytest.raises(UnsupportedOperatorError, match=r"node '.*' \(operator .*'act' \(PReLU"):
+        trace_operators(_Net(), {"input_ids": ids})
