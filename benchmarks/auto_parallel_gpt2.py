@@ -2,10 +2,15 @@
 
 Run ``python -m benchmarks.auto_parallel_gpt2`` (spawns 2 and then 4 gloo ranks; at 4 also the
 2 x 2 mesh, ``dp2xtp2``). Each rank
-calibrates the cost model on the spot: the matmul rate at the model's MLP shape, the cost of
-one small ATen operator (forward + backward), the optimizer's cost per parameter tensor and per
-byte, the cost of copying a byte, gloo's all-reduce inverse bandwidth (fastest of back-to-back
-all-reduces) and its latency inside a step (the mean of all-reduces issued after some compute).
+calibrates the cost model on the spot, on synthetic work only (never the benchmarked models):
+the matmul rate at the model's MLP shape, the cost of one small ATen operator (forward +
+backward) and of one byte written by a memory-bound operator, the optimizer's cost per
+parameter tensor and per byte, the cost of copying a byte, gloo's all-reduce inverse bandwidth
+(back-to-back all-reduces of 1 element and 4 MiB) and the cost of one activation all-reduce
+inside a step (a probe of matmuls with autograd all-reduces between them, with and without the
+collectives; for ``dp2xtp2`` over a pair of ranks). Per plan it also measures how much slower the
+ranks compute side by side than alone, on synthetic work as long as the plan's predicted step
+(:func:`_contention`), and re-prices the plan with the compute that much slower.
 Then for every case it prices the plan family with
 :func:`~kolossos.auto_parallel.transformer_plan.family_plan`, builds it with
 :func:`~kolossos.auto_parallel.apply_transformer.apply_family`, and measures the step (forward,
@@ -18,7 +23,9 @@ fastest run is the one least disturbed). Prints one markdown row per case.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,6 +36,7 @@ __all__ = ["MODELS", "main"]
 MODELS: dict[str, dict[str, int]] = {
     "gpt2-l2-h32": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "batch": 8, "seq": 24},
     "gpt2-l2-h64": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "batch": 4, "seq": 32},
+    "gpt2-l4-h256": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 512, "batch": 4, "seq": 64},
 }
 STEPS = 20
 
@@ -37,9 +45,9 @@ def _gpt2(spec: dict[str, int]) -> torch.nn.Module:
     import transformers as tf
 
     config = tf.GPT2Config(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
-                           vocab_size=spec["vocab"], n_positions=64, resid_pdrop=0.0,
-                           embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0,
-                           eos_token_id=0)  # fmt: skip
+                           vocab_size=spec["vocab"], n_positions=max(64, spec["seq"]),
+                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                           bos_token_id=0, eos_token_id=0)  # fmt: skip
     return tf.GPT2LMHeadModel(config)
 
 
@@ -58,19 +66,103 @@ def _best(fn: Any, repeats: int) -> float:
     return min(_times(fn, repeats))
 
 
-def _in_step_latency(tensor: torch.Tensor, repeats: int = 40) -> float:
-    """Mean time of a 1-element all-reduce issued right after some compute (~0.1 ms of
-    matmuls), as inside a training step: the ranks are out of step and each waits for the
-    others to be scheduled. Back-to-back all-reduces (``_best``) keep them in lock-step."""
-    a = torch.randn(64, 64)
-    times = []
+class _Reduce(torch.autograd.Function):
+    """All-reduce in forward (a row-parallel output) or in backward (a column-parallel
+    input's gradient), as ShardFormer's layers do; ``comm=False`` keeps the same autograd
+    structure without the collective."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, backward: bool, comm: bool, group: Any) -> torch.Tensor:
+        ctx.backward, ctx.comm, ctx.group = backward, comm, group
+        x = x.clone()
+        if comm and not backward:
+            dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        grad = grad.clone()
+        if ctx.comm and ctx.backward:
+            dist.all_reduce(grad, group=ctx.group)
+        return grad, None, None, None
+
+
+def _in_step_collective(
+    tokens: int, hidden: int, group: Any = None, blocks: int = 6, repeats: int = 12
+) -> float:
+    """Cost of one activation all-reduce inside a training step, from a synthetic probe (not
+    the benchmarked models): ``blocks`` pairs of ``tokens x hidden`` matmuls, one all-reducing
+    its output in forward and one its input gradient in backward, timed forward + backward
+    with and without the collectives (per step the slowest rank, median of ``repeats``);
+    the difference over the ``2·blocks`` collectives. Inside a step the ranks are out of step
+    and each waits for the others to be scheduled, which back-to-back all-reduces hide."""
+    weights = [(torch.randn(hidden, hidden) / hidden**0.5).requires_grad_() for _ in range(2)]
+    x = torch.randn(tokens, hidden, requires_grad=True)
+
+    def step(comm: bool) -> None:
+        y = x
+        for _ in range(blocks):
+            y = _Reduce.apply(y @ weights[0], True, comm, group)
+            y = _Reduce.apply(y @ weights[1], False, comm, group)
+        y.sum().backward()
+
+    medians = []
+    for comm in (True, False):
+        step(comm)
+        times = torch.tensor(_times(lambda c=comm: step(c), repeats), dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        medians.append(float(times.median()))
+    return max(medians[0] - medians[1], 0.0) / (2 * blocks)
+
+
+def _contention(seconds: float, tokens: int, hidden: int, repeats: int = 7) -> float:
+    """How much slower the ranks compute side by side than alone, for work as long as the
+    step being predicted (at least 1). The work is synthetic, a mix like a step's: a
+    ``Linear(hidden, 4·hidden)``, tanh-GELU and ``LayerNorm`` forward + backward at the
+    rank's token count, repeated to last ``seconds`` alone. Timed after a barrier, the
+    slowest rank per trial, median of ``repeats`` trials, alone (the ranks take turns) and
+    all at once. More ranks than cores, or virtual cores sharing a physical one, raise it."""
+    block = torch.nn.Sequential(
+        torch.nn.Linear(hidden, 4 * hidden),
+        torch.nn.GELU(approximate="tanh"),
+        torch.nn.LayerNorm(4 * hidden),
+    )
+    x = torch.randn(tokens, hidden, requires_grad=True)
+
+    def once() -> None:
+        block(x).sum().backward()
+
+    once()
+    one = _best(once, 5)
+    count = max(1, round(_agreed(seconds / one)))
+
+    def work() -> None:
+        for _ in range(count):
+            once()
+
+    alone, together = [], []
     for _ in range(repeats):
-        for _ in range(4):
-            a @ a
-        start = time.perf_counter()
-        dist.all_reduce(tensor)
-        times.append(time.perf_counter() - start)
-    return sum(times) / len(times)
+        for turn in range(dist.get_world_size()):
+            dist.barrier()
+            if dist.get_rank() == turn:
+                alone.append(_best(work, 1))
+            dist.barrier()
+        together.append(_agreed(_best(work, 1)))
+    alone_s = max(_agreed(statistics.median(alone)), 1e-9)
+    return max(1.0, statistics.median(together) / alone_s)
+
+
+def _contended(cost: Any, factor: float) -> Any:
+    """``cost`` with every compute constant ``factor`` times slower."""
+    return replace(
+        cost,
+        flops_per_s=cost.flops_per_s / factor,
+        op_s=cost.op_s * factor,
+        op_byte_s=cost.op_byte_s * factor,
+        optimizer_tensor_s=cost.optimizer_tensor_s * factor,
+        optimizer_byte_s=cost.optimizer_byte_s * factor,
+        copy_byte_s=cost.copy_byte_s * factor,
+    )
 
 
 def _agreed(value: float) -> float:
@@ -84,13 +176,13 @@ def calibrate(world_size: int, spec: dict[str, int]) -> dict[str, float]:
     """The cost-model constants measured on this machine (collective: every rank calls it)."""
     from kolossos.auto_parallel.calibrate import measure_compute, measure_optimizer
 
-    small, large = torch.zeros(1), torch.zeros(16384)
+    small, large = torch.zeros(1), torch.zeros(1 << 20)
     best_alpha = _best(lambda: dist.all_reduce(small), 30)
-    t_large = _best(lambda: dist.all_reduce(large), 30)
+    t_large = _best(lambda: dist.all_reduce(large), 8)
     volume = 2 * (world_size - 1) / world_size * large.numel() * 4
     beta = max(t_large - best_alpha, 0.0) / volume
-    alpha = _in_step_latency(small)
     tokens, hidden = spec["batch"] * spec["seq"], spec["hidden"]
+    alpha = max(_in_step_collective(tokens // world_size, hidden), best_alpha)
     compute = measure_compute(tokens, hidden)
     optimizer = measure_optimizer()
     return {
@@ -98,6 +190,7 @@ def calibrate(world_size: int, spec: dict[str, int]) -> dict[str, float]:
         "beta": _agreed(beta),
         "flops_per_s": 1.0 / _agreed(1.0 / compute["flops_per_s"]),
         "op_s": _agreed(compute["op_s"]),
+        "op_byte_s": _agreed(compute["op_byte_s"]),
         "optimizer_tensor_s": _agreed(optimizer["tensor_s"]),
         "optimizer_byte_s": _agreed(optimizer["byte_s"]),
         "copy_byte_s": _agreed(optimizer["copy_byte_s"]),
@@ -156,6 +249,7 @@ def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tupl
         plans = {f: family_plan(f, groups, cost) for f in ("dp", "megatron", "replicated")}
         graphs = dict.fromkeys(plans, transformer_graph(groups, cost))
         hybrid = {}
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])] if world_size == 4 else []
         if world_size == 4:  # the 2 x 2 mesh: Megatron in pairs, data parallel across
             half = torch.empty(spec["batch"] // 2, spec["seq"], dtype=torch.long, device="meta")
             hybrid[2] = trace_operators(_gpt2(spec), {"input_ids": half, "labels": half})
@@ -172,8 +266,23 @@ def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tupl
                 budget = f"forced ({chosen} chosen at its memory)"
             torch.manual_seed(0)
             model = apply_family(_gpt2(spec), family, plan, graphs[family], mesh)
+            # Re-price the plan with the compute slowed by the ranks running side by side for
+            # as long as its step (measured by a matmul burst of that length).
+            local = spec["batch"] * spec["seq"] // (1 if family == "replicated" else world_size)
+            factor = _contention(plan.step_time, local, spec["hidden"])
+            slow = _contended(cost, factor)
+            if family == "dp2xtp2":  # its Megatron collectives run in pairs of ranks
+                tokens = spec["batch"] * spec["seq"] // 2
+                pair = _in_step_collective(tokens, spec["hidden"], pairs[rank // 2])
+                slow = replace(slow, alpha=_agreed(pair))
+            priced = (
+                hybrid_plan(hybrid[2], slow, 2)
+                if family == "dp2xtp2"
+                else family_plan(family, groups, slow)
+            )
             best, median, peak = _measure(model, spec)
-            rows.append((name, family, budget, plan.step_time, best, median, plan.memory, peak))
+            rows.append((name, family, budget, factor, priced.step_time, best, median,
+                         plan.memory, peak))  # fmt: skip
         if rank == 0:
             print(f"{name} P={world_size}: {cost}", flush=True)
     return rows
@@ -192,13 +301,16 @@ def main() -> None:
     for world_size in args.ranks or (2, 4):
         for row in spawn(_rank, world_size, models=models)[0]:
             rows.append((world_size, *row))
-    print("| model | ranks | plan | budget | predicted ms | fastest ms | time err | median ms | "
-          "predicted MiB | measured peak MiB | memory err |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for world_size, name, family, budget, p_t, m_t, med, p_m, m_m in rows:
+    print("| model | ranks | plan | budget | contention | predicted ms | fastest ms | "
+          "err vs fastest | median ms | err vs median | predicted MiB | measured peak MiB | "
+          "memory err |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for world_size, name, family, budget, slow, p_t, m_t, med, p_m, m_m in rows:
         print(
-            f"| {name} | {world_size} | {family} | {budget} | {p_t * 1e3:.2f} | {m_t * 1e3:.2f} "
-            f"| {(p_t - m_t) / m_t:+.0%} | {med * 1e3:.2f} | {p_m / 2**20:.3f} "
+            f"| {name} | {world_size} | {family} | {budget} | {slow:.2f} | {p_t * 1e3:.2f} "
+            f"| {m_t * 1e3:.2f} "
+            f"| {(p_t - m_t) / m_t:+.0%} | {med * 1e3:.2f} | {(p_t - med) / med:+.0%} "
+            f"| {p_m / 2**20:.3f} "
             f"| {m_m / 2**20:.3f} | {(p_m - m_m) / m_m:+.1%} |"
         )
 

@@ -78,6 +78,9 @@ class OperatorGroup:
     """Bytes of parameters read here but owned by an earlier operator (a tied weight)."""
     out_bytes: float = 0.0
     """Bytes of the group's last non-view node (what leaves it)."""
+    op_bytes: float = 0.0
+    """Output bytes of the group's non-view nodes that do no matmul FLOPs (elementwise,
+    normalisation, softmax...): what memory-bound operators write, priced per byte."""
 
 
 def _base(node: fx.Node) -> str:
@@ -226,6 +229,8 @@ def build_module_graph(
         group.act_bytes += saved.get(node.name, 0.0)
         if base not in _VIEWS:
             group.out_bytes = float(info[node.name].output_bytes)
+            if not info[node.name].flops:
+                group.op_bytes += float(info[node.name].output_bytes)
     # Constants (positions, the causal mask) are recomputed every step: their operators count
     # towards the operator that first reads them.
     for node in reversed(list(graph.nodes)):

@@ -86,9 +86,18 @@ class CostModel:
     """Optimizer step cost per parameter byte held (transformer strategies)."""
     copy_byte_s: float = 0.0
     """Cost of copying one byte (gradients into and out of the data-parallel flat buffer)."""
+    op_byte_s: float = 0.0
+    """Forward + backward cost per output byte of a memory-bound (non-matmul) operator, on top
+    of ``op_s`` (transformer strategies; 0 keeps a dispatch-only model)."""
 
     def __post_init__(self) -> None:
-        extra = (self.op_s, self.optimizer_tensor_s, self.optimizer_byte_s, self.copy_byte_s)
+        extra = (
+            self.op_s,
+            self.optimizer_tensor_s,
+            self.optimizer_byte_s,
+            self.copy_byte_s,
+            self.op_byte_s,
+        )
         if self.world_size < 1 or self.flops_per_s <= 0 or min(self.alpha, self.beta, *extra) < 0:
             raise ValueError(
                 f"CostModel needs world_size >= 1, flops_per_s > 0, alpha, beta >= 0 (got {self}); "

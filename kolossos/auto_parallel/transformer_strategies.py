@@ -108,7 +108,10 @@ def _strategies(group: OperatorGroup, cost: CostModel) -> list[Strategy]:
                 in_layout=layouts[0] if layouts else out,
                 out_layout=out,
                 in_layouts=tuple(layouts) if len(layouts) > 1 else (),
-                compute_s=cost.compute(group.flops / flop_div) + group.ops * cost.op_s + step,
+                compute_s=cost.compute(group.flops / flop_div)
+                + group.ops * cost.op_s
+                + cost.op_byte_s * group.op_bytes / act_div
+                + step,
                 comm_s=comm_s,
                 comm_bytes=comm_bytes,
                 param_mem=_STATE_COPIES * param / param_div,
