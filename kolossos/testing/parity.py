@@ -8,7 +8,7 @@ full-batch loss for a mean-reduced criterion and equal shards) and parameters at
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeAlias
 
 import torch
@@ -164,3 +164,50 @@ move 0.0005)
         f"tolerance {atol:g} = {factor * atol:g}"
     )
     return moves
+
+
+def assert_run_matches(
+    losses: Iterable[float],
+    ref_losses: Iterable[torch.Tensor | float],
+    params: Named,
+    reference: nn.Module,
+    before: Named,
+    *,
+    loss_atol: float,
+    param_atol: float,
+    label: str = "",
+) -> None:
+    """A parallel run trained the same model as its single-process ``reference``: every step's
+    loss (already averaged over data-parallel ranks) within ``loss_atol``, every parameter of
+    ``reference`` equal by name in ``params`` (gathered to full size) within ``param_atol``, and
+    training moved them far more than ``param_atol`` (:func:`assert_moved` against ``before``)."""
+    for step, (got, want) in enumerate(zip(losses, ref_losses, strict=True)):
+        assert abs(float(got) - float(want)) <= loss_atol, (label, step, float(got), float(want))
+    trained = _named(params)
+    for name, want in reference.named_parameters():
+        prefix = f"{label} {name}: "
+        torch.testing.assert_close(
+            trained[name], want.detach(), atol=param_atol, rtol=0, msg=prefix.__add__
+        )
+    assert_moved(before, trained, atol=param_atol)
+
+
+def train_causal_lm(
+    model: nn.Module,
+    ids: torch.Tensor,
+    lr: float,
+    local: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """Train a Hugging Face causal LM with Adam on ``ids[step]`` (``(steps, batch, seq)``, the
+    labels are the inputs) and return each step's loss; ``local`` picks this rank's part of a
+    step's global batch (identity for the single-process reference)."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for step in range(ids.shape[0]):
+        batch = ids[step] if local is None else local(ids[step])
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses

@@ -26,7 +26,7 @@ from kolossos.auto_parallel.module_graph import OperatorGroup, trace_operators
 from kolossos.auto_parallel.transformer_checkpoint import smallest_peak
 from kolossos.auto_parallel.transformer_plan import family_plans
 from kolossos.testing import distributed
-from kolossos.testing.parity import assert_moved, global_mean, snapshot
+from kolossos.testing.parity import assert_run_matches, global_mean, snapshot
 
 pytestmark = pytest.mark.dist
 
@@ -121,13 +121,10 @@ def test_autoparallelize_checkpoint_parity(world_size: int) -> None:
         if dist.get_rank() == 0:
             model.print_plan()
         losses, peak = _train(model, ids, model.local_batch)
-        for step, (got, want) in enumerate(zip(losses, ref_losses, strict=True)):
-            value = global_mean(got) if model.data_parallel else float(got)
-            assert abs(value - float(want)) <= TOL, (model.family, step, value, float(want))
+        reduced = [global_mean(x) if model.data_parallel else float(x) for x in losses]
         params = model.full_state_dict()
-        for name, want in reference.named_parameters():
-            torch.testing.assert_close(params[name], want.detach(), atol=PARAM_TOL, rtol=0)
-        assert_moved(before, params, atol=PARAM_TOL)
+        assert_run_matches(reduced, ref_losses, params, reference, before,
+                           loss_atol=TOL, param_atol=PARAM_TOL, label=model.family)  # fmt: skip
         if budget is not None:
             assert peak <= budget, (peak, budget, model.recompute.memory)
             print(f"rank {dist.get_rank()}: budget {budget:.0f} B, predicted "

@@ -25,7 +25,12 @@ from kolossos.auto_parallel.module_graph import trace_operators
 from kolossos.auto_parallel.transformer_plan import family_plan
 from kolossos.auto_parallel.transformer_strategies import transformer_graph
 from kolossos.testing import distributed
-from kolossos.testing.parity import assert_moved, global_mean, snapshot
+from kolossos.testing.parity import (
+    assert_run_matches,
+    global_mean,
+    snapshot,
+    train_causal_lm,
+)
 
 pytestmark = pytest.mark.dist
 
@@ -45,19 +50,6 @@ def _gpt2() -> torch.nn.Module:
     return tf.GPT2LMHeadModel(config)
 
 
-def _train(model, ids: torch.Tensor, local) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    losses = []
-    for step in range(STEPS):
-        batch = local(ids[step])
-        loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-    return losses
-
-
 @pytest.mark.parametrize("world_size", [2, 4])
 @distributed()
 def test_autoparallelize_gpt2_parity(world_size: int) -> None:
@@ -67,7 +59,7 @@ def test_autoparallelize_gpt2_parity(world_size: int) -> None:
     ids = torch.randint(0, 128, (STEPS, BATCH, SEQ))
     reference = copy.deepcopy(base)
     before = snapshot(reference)
-    ref_losses = _train(reference, ids, lambda t: t)
+    ref_losses = train_causal_lm(reference, ids, LR)
     meta_ids = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
     meta = {"input_ids": meta_ids, "labels": meta_ids}
     groups = trace_operators(_gpt2(), meta)
@@ -92,11 +84,7 @@ def test_autoparallelize_gpt2_parity(world_size: int) -> None:
         assert model.family == family, (model.family, family)
         if dist.get_rank() == 0:
             model.print_plan()
-        losses = _train(model, ids, model.local_batch)
-        for step, (got, want) in enumerate(zip(losses, ref_losses, strict=True)):
-            value = global_mean(got) if model.data_parallel else float(got)
-            assert abs(value - float(want)) <= TOL, (family, step, value, float(want))
-        params = model.full_state_dict()
-        for name, want in reference.named_parameters():
-            torch.testing.assert_close(params[name], want.detach(), atol=TOL, rtol=0)
-        assert_moved(before, params, atol=TOL)
+        losses = train_causal_lm(model, ids, LR, model.local_batch)
+        reduced = [global_mean(x) if model.data_parallel else float(x) for x in losses]
+        assert_run_matches(reduced, ref_losses, model.full_state_dict(), reference, before,
+                           loss_atol=TOL, param_atol=TOL, label=str(family))  # fmt: skip

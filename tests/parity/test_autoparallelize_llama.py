@@ -26,7 +26,12 @@ from kolossos.auto_parallel.module_graph import trace_operators
 from kolossos.auto_parallel.transformer_checkpoint import smallest_peak
 from kolossos.auto_parallel.transformer_plan import family_plan, family_plans
 from kolossos.testing import distributed
-from kolossos.testing.parity import assert_moved, global_mean, snapshot
+from kolossos.testing.parity import (
+    assert_run_matches,
+    global_mean,
+    snapshot,
+    train_causal_lm,
+)
 
 pytestmark = pytest.mark.dist
 
@@ -49,19 +54,6 @@ def _llama() -> torch.nn.Module:
     return tf.LlamaForCausalLM(config)
 
 
-def _train(model, ids: torch.Tensor, local) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    losses = []
-    for step in range(STEPS):
-        batch = local(ids[step])
-        loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-    return losses
-
-
 @distributed(2)
 def test_autoparallelize_llama_parity() -> None:
     cost = CostModel(world_size=2, **COST)
@@ -70,7 +62,7 @@ def test_autoparallelize_llama_parity() -> None:
     ids = torch.randint(0, 128, (STEPS, BATCH, SEQ))
     reference = copy.deepcopy(base)
     before = snapshot(reference)
-    ref_losses = _train(reference, ids, lambda t: t)
+    ref_losses = train_causal_lm(reference, ids, LR)
     meta_ids = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
     meta = {"input_ids": meta_ids, "labels": meta_ids}
     groups = trace_operators(_llama(), meta)
@@ -92,11 +84,7 @@ def test_autoparallelize_llama_parity() -> None:
             assert model.recompute.recomputed[0].startswith("model.layers.")
         if dist.get_rank() == 0:
             model.print_plan()
-        losses = _train(model, ids, model.local_batch)
-        for step, (got, want) in enumerate(zip(losses, ref_losses, strict=True)):
-            value = global_mean(got) if model.data_parallel else float(got)
-            assert abs(value - float(want)) <= TOL, (family, step, value, float(want))
-        params = model.full_state_dict()
-        for name, want in reference.named_parameters():
-            torch.testing.assert_close(params[name], want.detach(), atol=PARAM_TOL, rtol=0)
-        assert_moved(before, params, atol=PARAM_TOL)
+        losses = train_causal_lm(model, ids, LR, model.local_batch)
+        reduced = [global_mean(x) if model.data_parallel else float(x) for x in losses]
+        assert_run_matches(reduced, ref_losses, model.full_state_dict(), reference, before,
+                           loss_atol=TOL, param_atol=PARAM_TOL, label=str(family))  # fmt: skip

@@ -23,7 +23,7 @@ from kolossos.auto_parallel.apply import apply_plan
 from kolossos.auto_parallel.autoparallelize import build_chain
 from kolossos.auto_parallel.solver import TENSOR_PARALLEL, ChainNode, solve_chain
 from kolossos.testing import distributed
-from kolossos.testing.parity import assert_moved, global_mean, snapshot
+from kolossos.testing.parity import assert_run_matches, global_mean, snapshot
 
 pytestmark = pytest.mark.dist
 
@@ -119,10 +119,6 @@ def test_autoparallelize_parity(world_size: int) -> None:
         elif family == "tp":
             assert names == ("col", "F", "row", "R", "col", "F", "row"), names
         losses = _train(model, x, y, model.local_batch)
-        for step, (got, want) in enumerate(zip(losses, ref_losses, strict=True)):
-            value = global_mean(got) if model.data_parallel else float(got)
-            assert abs(value - float(want)) <= TOL, (family, step, value, float(want))
-        params = model.full_state_dict()
-        for name, want in reference.named_parameters():
-            torch.testing.assert_close(params[name], want.detach(), atol=TOL, rtol=0)
-        assert_moved(before, params, atol=TOL)
+        reduced = [global_mean(x) if model.data_parallel else float(x) for x in losses]
+        assert_run_matches(reduced, ref_losses, model.full_state_dict(), reference, before,
+                           loss_atol=TOL, param_atol=TOL, label=family)  # fmt: skip
