@@ -31,7 +31,7 @@ from torch.distributed.tensor.parallel import (
 
 from kolossos.auto_parallel.solver import Plan
 
-__all__ = ["AutoParallelModule", "apply_plan", "format_plan"]
+__all__ = ["AutoParallelModule", "apply_plan", "batch_part", "format_plan"]
 
 
 def format_plan(plan: Plan, targets: dict[str, str]) -> str:
@@ -54,6 +54,22 @@ def format_plan(plan: Plan, targets: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def batch_part(tensor: torch.Tensor, mesh: TorchDeviceMesh) -> torch.Tensor:
+    """This rank's equal slice of dimension 0 of a whole-batch tensor over the 1-d ``mesh``.
+
+    Raises:
+        ValueError: the batch does not split evenly over the mesh.
+    """
+    size, rank = mesh.size(), mesh.get_local_rank()
+    if tensor.shape[0] % size:
+        raise ValueError(
+            f"batch of {tensor.shape[0]} does not split over {size} data-parallel ranks; "
+            "use a multiple of the mesh size."
+        )
+    step = tensor.shape[0] // size
+    return tensor[rank * step : (rank + 1) * step]
+
+
 class AutoParallelModule(nn.Module):
     """The parallel model :func:`~kolossos.auto_parallel.autoparallelize` returns."""
 
@@ -74,16 +90,7 @@ class AutoParallelModule(nn.Module):
     def local_batch(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's part of a whole-batch tensor (inputs and targets): its slice of dimension
         0 under data parallelism, the whole tensor otherwise."""
-        if not self.data_parallel:
-            return tensor
-        size, rank = self.mesh.size(), self.mesh.get_local_rank()
-        if tensor.shape[0] % size:
-            raise ValueError(
-                f"batch of {tensor.shape[0]} does not split over {size} data-parallel ranks; "
-                "use a multiple of the mesh size."
-            )
-        step = tensor.shape[0] // size
-        return tensor[rank * step : (rank + 1) * step]
+        return batch_part(tensor, self.mesh) if self.data_parallel else tensor
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Run the parallel model on this rank's input (see :meth:`local_batch`)."""

@@ -23,6 +23,7 @@ from torch.autograd import Variable
 from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
 from torch.distributed.device_mesh import init_device_mesh
 
+from kolossos.auto_parallel.apply import batch_part
 from kolossos.auto_parallel.sharding_graph import DagPlan, ShardingGraph
 from kolossos.auto_parallel.transformer_plan import format_dag_plan, parse_hybrid
 from kolossos.nn.layer.parallel_1d import gather_tp_full, get_tp_spec
@@ -63,16 +64,7 @@ class AutoParallelTransformer(nn.Module):
     def local_batch(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's part of a whole-batch tensor: its slice of dimension 0 under data
         parallelism, the whole tensor otherwise."""
-        if self.batch_mesh is None:
-            return tensor
-        size, rank = self.batch_mesh.size(), self.batch_mesh.get_local_rank()
-        if tensor.shape[0] % size:
-            raise ValueError(
-                f"batch of {tensor.shape[0]} does not split over {size} data-parallel ranks; "
-                "use a multiple of the mesh size."
-            )
-        step = tensor.shape[0] // size
-        return tensor[rank * step : (rank + 1) * step]
+        return tensor if self.batch_mesh is None else batch_part(tensor, self.batch_mesh)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the parallel model on this rank's inputs (see :meth:`local_batch`)."""

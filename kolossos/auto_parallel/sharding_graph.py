@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from kolossos.auto_parallel.solver import ChainNode, Plan
+from kolossos.auto_parallel.solver import ChainNode, Plan, StrategyPlan
 from kolossos.auto_parallel.strategies import CostModel, Layout, Strategy, reshard_cost
 
 __all__ = [
@@ -102,27 +102,8 @@ class ShardingGraph:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DagPlan:
-    """One strategy per node with the predicted totals."""
-
-    nodes: tuple[str, ...]
-    strategies: tuple[Strategy, ...]
-    reshard_s: tuple[float, ...]
-    """Time of the layout conversions on each node's inputs."""
-    step_time: float
-    memory: float
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(zip(self.nodes, self.strategies, strict=True))
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The strategy names in node order."""
-        return tuple(s.name for s in self.strategies)
-
-    def strategy(self, node: str) -> Strategy:
-        """The strategy chosen for ``node``."""
-        return self.strategies[self.nodes.index(node)]
+class DagPlan(StrategyPlan):
+    """The whole-graph solver's answer (a node's inputs may come from several nodes)."""
 
     def as_chain_plan(self) -> Plan:
         """The chain :class:`Plan` of a plan of :func:`chain_graph` (input and loss dropped)."""

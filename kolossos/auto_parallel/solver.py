@@ -45,14 +45,13 @@ class ChainNode:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
-    """The solver's answer: one strategy per node plus the predicted totals."""
+class StrategyPlan:
+    """One strategy per node (in node order) plus the predicted totals."""
 
     nodes: tuple[str, ...]
     strategies: tuple[Strategy, ...]
-    input_layout: Layout
     reshard_s: tuple[float, ...]
-    """Time of the layout conversion in front of each node."""
+    """Time of the layout conversions in front of each node (on its inputs)."""
     step_time: float
     memory: float
 
@@ -63,6 +62,17 @@ class Plan:
     def names(self) -> tuple[str, ...]:
         """The strategy names in node order (e.g. ``("col", "R", "row")``)."""
         return tuple(s.name for s in self.strategies)
+
+    def strategy(self, node: str) -> Strategy:
+        """The strategy chosen for ``node``."""
+        return self.strategies[self.nodes.index(node)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(StrategyPlan):
+    """The chain solver's answer: a :class:`StrategyPlan` and the layout of the chain's input."""
+
+    input_layout: Layout
 
 
 # A partial plan: (time, memory, chosen strategy indices, reshard times, input layout).
