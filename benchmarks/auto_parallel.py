@@ -81,8 +81,8 @@ def _rank(rank: int, world_size: int, port: int) -> list[tuple[str, float, float
     import kolossos
     from kolossos.auto_parallel import CostModel
     from kolossos.auto_parallel.apply import apply_plan
+    from kolossos.auto_parallel.auto_mesh import resolve_mesh
     from kolossos.auto_parallel.autoparallelize import (
-        _torch_mesh,
         build_chain,
         measure_flops_rate,
         search_plan,
@@ -110,7 +110,7 @@ def _rank(rank: int, world_size: int, port: int) -> list[tuple[str, float, float
     cost = CostModel(world_size=world_size, flops_per_s=float(rate), alpha=alpha, beta=beta)
     meta = {"input": torch.empty(BATCH, HIDDEN, device="meta")}
     chain, targets = build_chain(_mlp(), meta, cost)
-    mesh = _torch_mesh(None)
+    mesh = resolve_mesh(None).flat
     chosen = search_plan(chain, cost).names
     rows = []
     # The Megatron plan without the replicated-linear option, to time column/row sharding too.

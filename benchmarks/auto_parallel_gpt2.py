@@ -10,7 +10,8 @@ parameter tensor and per byte, the cost of copying a byte, gloo's all-reduce inv
 inside a step (a probe of matmuls with autograd all-reduces between them, with and without the
 collectives; for ``dp2xtp2`` over a pair of ranks). Per plan it also measures how much slower the
 ranks compute side by side than alone, on synthetic work as long as the plan's predicted step
-(:func:`_contention`), and re-prices the plan with the compute that much slower.
+(:func:`~kolossos.auto_parallel.calibrate.measure_contention`), and re-prices the plan with the
+compute that much slower (:func:`~kolossos.auto_parallel.calibrate.contended`).
 Then for every case it prices the plan family with
 :func:`~kolossos.auto_parallel.transformer_plan.family_plan`, builds it with
 :func:`~kolossos.auto_parallel.apply_transformer.apply_family`, and measures the step (forward,
@@ -23,13 +24,14 @@ fastest run is the one least disturbed). Prints one markdown row per case.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from kolossos.auto_parallel.calibrate import contended, measure_contention, slowest
 
 __all__ = ["MODELS", "main"]
 
@@ -115,63 +117,6 @@ def _in_step_collective(
     return max(medians[0] - medians[1], 0.0) / (2 * blocks)
 
 
-def _contention(seconds: float, tokens: int, hidden: int, repeats: int = 7) -> float:
-    """How much slower the ranks compute side by side than alone, for work as long as the
-    step being predicted (at least 1). The work is synthetic, a mix like a step's: a
-    ``Linear(hidden, 4·hidden)``, tanh-GELU and ``LayerNorm`` forward + backward at the
-    rank's token count, repeated to last ``seconds`` alone. Timed after a barrier, the
-    slowest rank per trial, median of ``repeats`` trials, alone (the ranks take turns) and
-    all at once. More ranks than cores, or virtual cores sharing a physical one, raise it."""
-    block = torch.nn.Sequential(
-        torch.nn.Linear(hidden, 4 * hidden),
-        torch.nn.GELU(approximate="tanh"),
-        torch.nn.LayerNorm(4 * hidden),
-    )
-    x = torch.randn(tokens, hidden, requires_grad=True)
-
-    def once() -> None:
-        block(x).sum().backward()
-
-    once()
-    one = _best(once, 5)
-    count = max(1, round(_agreed(seconds / one)))
-
-    def work() -> None:
-        for _ in range(count):
-            once()
-
-    alone, together = [], []
-    for _ in range(repeats):
-        for turn in range(dist.get_world_size()):
-            dist.barrier()
-            if dist.get_rank() == turn:
-                alone.append(_best(work, 1))
-            dist.barrier()
-        together.append(_agreed(_best(work, 1)))
-    alone_s = max(_agreed(statistics.median(alone)), 1e-9)
-    return max(1.0, statistics.median(together) / alone_s)
-
-
-def _contended(cost: Any, factor: float) -> Any:
-    """``cost`` with every compute constant ``factor`` times slower."""
-    return replace(
-        cost,
-        flops_per_s=cost.flops_per_s / factor,
-        op_s=cost.op_s * factor,
-        op_byte_s=cost.op_byte_s * factor,
-        optimizer_tensor_s=cost.optimizer_tensor_s * factor,
-        optimizer_byte_s=cost.optimizer_byte_s * factor,
-        copy_byte_s=cost.copy_byte_s * factor,
-    )
-
-
-def _agreed(value: float) -> float:
-    """The largest value over the ranks (the slowest rank sets the step)."""
-    tensor = torch.tensor(value, dtype=torch.float64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return float(tensor)
-
-
 def calibrate(world_size: int, spec: dict[str, int]) -> dict[str, float]:
     """The cost-model constants measured on this machine (collective: every rank calls it)."""
     from kolossos.auto_parallel.calibrate import measure_compute, measure_optimizer
@@ -186,14 +131,14 @@ def calibrate(world_size: int, spec: dict[str, int]) -> dict[str, float]:
     compute = measure_compute(tokens, hidden)
     optimizer = measure_optimizer()
     return {
-        "alpha": _agreed(alpha),
-        "beta": _agreed(beta),
-        "flops_per_s": 1.0 / _agreed(1.0 / compute["flops_per_s"]),
-        "op_s": _agreed(compute["op_s"]),
-        "op_byte_s": _agreed(compute["op_byte_s"]),
-        "optimizer_tensor_s": _agreed(optimizer["tensor_s"]),
-        "optimizer_byte_s": _agreed(optimizer["byte_s"]),
-        "copy_byte_s": _agreed(optimizer["copy_byte_s"]),
+        "alpha": slowest(alpha),
+        "beta": slowest(beta),
+        "flops_per_s": 1.0 / slowest(1.0 / compute["flops_per_s"]),
+        "op_s": slowest(compute["op_s"]),
+        "op_byte_s": slowest(compute["op_byte_s"]),
+        "optimizer_tensor_s": slowest(optimizer["tensor_s"]),
+        "optimizer_byte_s": slowest(optimizer["byte_s"]),
+        "copy_byte_s": slowest(optimizer["copy_byte_s"]),
     }
 
 
@@ -220,14 +165,14 @@ def _measure(model: Any, spec: dict[str, int]) -> tuple[float, float, float]:
         tracker.track(model, opt)
         tracker.reset_peak()
         step()
-    return best, median, _agreed(float(tracker.peak_bytes))
+    return best, median, slowest(float(tracker.peak_bytes))
 
 
 def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tuple[Any, ...]]:
     import kolossos
     from kolossos.auto_parallel import CostModel
     from kolossos.auto_parallel.apply_transformer import apply_family
-    from kolossos.auto_parallel.autoparallelize import _torch_mesh
+    from kolossos.auto_parallel.auto_mesh import resolve_mesh
     from kolossos.auto_parallel.module_graph import trace_operators
     from kolossos.auto_parallel.transformer_plan import (
         family_plan,
@@ -239,7 +184,7 @@ def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tupl
     kolossos.launch(config={}, rank=rank, world_size=world_size, host="127.0.0.1", port=port,
                     backend="gloo", seed=0, verbose=False)  # fmt: skip
     torch.set_num_threads(1)
-    mesh = _torch_mesh(None)
+    mesh = resolve_mesh(None).flat
     rows = []
     for name in models:
         spec = MODELS[name]
@@ -269,12 +214,12 @@ def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tupl
             # Re-price the plan with the compute slowed by the ranks running side by side for
             # as long as its step (measured by a matmul burst of that length).
             local = spec["batch"] * spec["seq"] // (1 if family == "replicated" else world_size)
-            factor = _contention(plan.step_time, local, spec["hidden"])
-            slow = _contended(cost, factor)
+            factor = measure_contention(plan.step_time, local, spec["hidden"])
+            slow = contended(cost, factor)
             if family == "dp2xtp2":  # its Megatron collectives run in pairs of ranks
                 tokens = spec["batch"] * spec["seq"] // 2
                 pair = _in_step_collective(tokens, spec["hidden"], pairs[rank // 2])
-                slow = replace(slow, alpha=_agreed(pair))
+                slow = replace(slow, alpha=slowest(pair))
             priced = (
                 hybrid_plan(hybrid[2], slow, 2)
                 if family == "dp2xtp2"

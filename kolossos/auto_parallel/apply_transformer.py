@@ -8,8 +8,9 @@
   column, vocabulary-parallel ``wte``/``lm_head`` and cross entropy); every rank sees the whole
   batch.
 * ``replicated``: the model unchanged, every rank the whole batch;
-* ``dp{D}xtp{T}``: the ranks as a ``D × T`` mesh; ShardFormer over each ``T``-rank group (its
-  ``1/D`` of the batch), the flat gradient all-reduce over each ``D``-rank group.
+* ``dp{D}xtp{T}``: the ranks as a ``D × T`` mesh (the user's 2-d mesh when given); ShardFormer
+  over each ``T``-rank group (its ``1/D`` of the batch), the flat gradient all-reduce over each
+  ``D``-rank group.
 """
 
 from __future__ import annotations
@@ -127,12 +128,16 @@ def apply_family(
     plan: DagPlan,
     graph: ShardingGraph,
     mesh: TorchDeviceMesh,
+    *,
+    grid: TorchDeviceMesh | None = None,
 ) -> AutoParallelTransformer:
-    """Parallelise ``module`` in place as ``family`` over the 1-d ``mesh`` (a ``dp × tp``
-    family lays its ranks out as a 2-d mesh).
+    """Parallelise ``module`` in place as ``family`` over the 1-d ``mesh``. A ``dp × tp``
+    family runs on ``grid``, a 2-d mesh with axes named ``("dp", "tp")`` (the user's), or
+    without one lays the ranks of ``mesh`` out as a ``D × T`` mesh itself.
 
     Raises:
-        ValueError: an unknown family, or ShardFormer's checks (sizes divisible by the mesh).
+        ValueError: an unknown family, a ``grid`` of another shape than the family's, or
+            ShardFormer's checks (sizes divisible by the mesh).
     """
     batch_mesh: TorchDeviceMesh | None = None
     shape = parse_hybrid(family)
@@ -145,7 +150,13 @@ def apply_family(
     elif shape is not None:
         if shape[0] * shape[1] != mesh.size():
             raise ValueError(f"family {family!r} needs {shape[0] * shape[1]} ranks.")
-        grid = init_device_mesh(mesh.device_type, shape, mesh_dim_names=("dp", "tp"))
+        if grid is None:
+            grid = init_device_mesh(mesh.device_type, shape, mesh_dim_names=("dp", "tp"))
+        elif (grid["dp"].size(), grid["tp"].size()) != shape:
+            raise ValueError(
+                f"family {family!r} needs a {shape[0]} x {shape[1]} mesh; the given grid is "
+                f"{grid['dp'].size()} x {grid['tp'].size()} (dp x tp)."
+            )
         config = ShardConfig(tensor_parallel_process_group=grid["tp"].get_group())
         module, _ = ShardFormer(config).optimize(module)
         _average_gradients(module, grid["dp"])

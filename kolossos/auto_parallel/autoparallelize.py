@@ -12,7 +12,11 @@ Two paths on a 1-d mesh:
   (:mod:`~kolossos.auto_parallel.ilp`); the fastest executable family that fits — data
   parallel, Megatron tensor parallel, replicated, data parallel × Megatron on a 2-d layout
   of the ranks — is applied
-  (:mod:`~kolossos.auto_parallel.apply_transformer`).
+  (:mod:`~kolossos.auto_parallel.apply_transformer`); on a user's 2-d ``(D, T)`` mesh only its
+  own layout (:mod:`~kolossos.auto_parallel.auto_mesh`).
+
+Costs measured here (``cost_model=None``) include how much slower the ranks compute side by
+side (:func:`~kolossos.auto_parallel.calibrate.calibrate_contention`).
 """
 
 from __future__ import annotations
@@ -24,11 +28,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
-from torch.distributed.device_mesh import init_device_mesh
 
+from kolossos.accelerator import get_accelerator
 from kolossos.auto_parallel.apply import AutoParallelModule, apply_plan
 from kolossos.auto_parallel.apply_transformer import AutoParallelTransformer, apply_family
+from kolossos.auto_parallel.auto_mesh import (
+    AutoMesh,
+    check_mesh,
+    check_transformer_sizes,
+    hybrid_sizes,
+    resolve_mesh,
+)
+from kolossos.auto_parallel.calibrate import (
+    calibrate_contention,
+    check_contention,
+    contended,
+    slowest,
+)
 from kolossos.auto_parallel.module_graph import trace_operators
 from kolossos.auto_parallel.solver import (
     DATA_PARALLEL,
@@ -156,6 +172,7 @@ def autoparallelize(
     memory_budget: float | None = None,
     *,
     cost_model: CostModel | None = None,
+    contention: float | None = None,
     **kwargs: Any,
 ) -> AutoParallelModule | AutoParallelTransformer:
     """Search a sharding plan for ``model`` and return it parallelised over the mesh.
@@ -167,14 +184,23 @@ def autoparallelize(
         meta_input_samples: ``{"x": tensor}`` of the whole batch's shape (meta tensors work);
             for a transformer the keyword inputs, e.g. ``{"input_ids": ids, "labels": ids,
             "use_cache": False}``.
-        device_mesh: a torch ``DeviceMesh``, a kolossos ``DeviceMesh`` (1-d) or ``None`` for
-            all ranks of the default group.
+        device_mesh: a torch ``DeviceMesh`` or a kolossos ``DeviceMesh`` of every rank, or
+            ``None`` for all ranks of the default group (1-d). A 2-d mesh ``(D, T)`` is data
+            parallel × tensor parallel (dim 0 and dim 1, or ``mesh_dim_names`` ``("dp",
+            "tp")``); a transformer's families on it are ``dp``, ``megatron`` and
+            ``replicated`` over all ranks and ``dp{D}xtp{T}`` on its axes
+            (:mod:`~kolossos.auto_parallel.auto_mesh`); MLP chains need a 1-d mesh.
         memory_budget: bytes per rank for parameters, gradients, Adam states and activations.
             For a transformer whose every plan family needs more, the model's repeated blocks
             are recomputed in the backward where a Rotor plan says so (the least recompute
             that fits; :mod:`~kolossos.auto_parallel.transformer_checkpoint`).
-        cost_model: compute rate and alpha-beta constants; default: the measured matmul rate and
-            :class:`CostModel`'s defaults.
+        cost_model: compute rate and alpha-beta constants; default: the matmul rate measured
+            on every rank (the slowest), :class:`CostModel`'s defaults otherwise.
+        contention: how much slower the ranks compute side by side than alone (>= 1); every
+            compute constant of the cost model is slowed by it, communication is not
+            (:func:`~kolossos.auto_parallel.calibrate.contended`). ``None``: measured in about
+            1 s (:func:`~kolossos.auto_parallel.calibrate.calibrate_contention`) when
+            ``cost_model`` is ``None`` and the accelerator is the CPU, else 1.
 
     Returns:
         For a transformer an :class:`~kolossos.auto_parallel.apply_transformer.
@@ -188,6 +214,10 @@ def autoparallelize(
     Raises:
         UnsupportedOperatorError: (a ``NotImplementedError``) an operator or graph shape outside
             the supported MLP chains; the message names the node and operator.
+        NotImplementedError: a mesh of more than 2 dimensions, or an MLP chain on a 2-d mesh.
+        ValueError: a mesh not of every rank, 2-d dim names other than ``("dp", "tp")``, a
+            batch not divisible by ``D`` or attention heads not by ``T`` (before any
+            collective), a ``cost_model`` of another size or a ``contention`` below 1.
         InfeasibleBudgetError: no plan fits ``memory_budget`` (for a transformer: even with
             checkpointing; the message gives the smallest reachable peak).
     """
@@ -197,44 +227,62 @@ def autoparallelize(
         raise ValueError("autoparallelize needs meta_input_samples, e.g. {'x': meta_tensor}.")
     if not dist.is_initialized():
         raise RuntimeError("autoparallelize needs torch.distributed; call kolossos.launch first.")
-    mesh = _torch_mesh(device_mesh)
-    cost = cost_model or CostModel(world_size=mesh.size(), flops_per_s=measure_flops_rate())
-    if cost.world_size != mesh.size():
-        raise ValueError(
-            f"cost_model.world_size={cost.world_size} but the mesh has {mesh.size()} ranks."
+    world = dist.get_world_size()
+    dp_tp = check_mesh(device_mesh, world)  # every check before the first collective
+    is_transformer = _is_hf_model(model)
+    if dp_tp is not None and not is_transformer:
+        raise NotImplementedError(
+            f"autoparallelize searches MLP chains on a 1-d mesh only (the chain solver and its "
+            f"executor shard one axis); got a {dp_tp[0]} x {dp_tp[1]} mesh. Pass a 1-d mesh of "
+            f"the {world} ranks or device_mesh=None."
         )
-    if _is_hf_model(model):
-        return _autoparallelize_transformer(model, meta_input_samples, mesh, cost, memory_budget)
+    if dp_tp is not None:
+        check_transformer_sizes(model, dp_tp, _batch_size(meta_input_samples))
+    if cost_model is not None and cost_model.world_size != world:
+        raise ValueError(
+            f"cost_model.world_size={cost_model.world_size} but the mesh has {world} ranks."
+        )
+    if contention is not None:
+        check_contention(contention)
+    meshes = resolve_mesh(device_mesh)
+    cost = cost_model or CostModel(
+        world_size=world, flops_per_s=1.0 / slowest(1.0 / measure_flops_rate())
+    )
+    if contention is None and cost_model is None and get_accelerator().name == "cpu":
+        contention = calibrate_contention(*_probe_shape(model, meta_input_samples, world))
+    cost = contended(cost, contention or 1.0)
+    if is_transformer:
+        return _autoparallelize_transformer(
+            model, meta_input_samples, meshes, cost, memory_budget, dp_tp
+        )
     chain, targets = build_chain(model, meta_input_samples, cost)
     plan = search_plan(chain, cost, memory_budget)
-    return apply_plan(model, plan, mesh, targets)
+    return apply_plan(model, plan, meshes.flat, targets)
 
 
 def _autoparallelize_transformer(
     model: nn.Module,
     meta_input_samples: Mapping[str, Any],
-    mesh: TorchDeviceMesh,
+    meshes: AutoMesh,
     cost: CostModel,
     memory_budget: float | None,
+    dp_tp: tuple[int, int] | None,
 ) -> AutoParallelTransformer:
     groups = trace_operators(model, dict(meta_input_samples))
-    # dp x tp layouts of the ranks: each traced at its 1/dp of the batch.
+    # dp x tp layouts of the ranks (on a 2-d mesh its own): each traced at 1/dp of the batch.
     hybrid = {}
     batch = _batch_size(meta_input_samples)
-    for dp in range(2, cost.world_size // 2 + 1):
-        if cost.world_size % dp == 0 and batch % dp == 0:
-            local = {
-                k: v.new_empty((v.shape[0] // dp, *v.shape[1:]))
-                if isinstance(v, torch.Tensor)
-                else v
-                for k, v in meta_input_samples.items()
-            }
-            hybrid[dp] = trace_operators(model, local)
+    for dp in hybrid_sizes(dp_tp, cost.world_size, batch):
+        local = {
+            k: v.new_empty((v.shape[0] // dp, *v.shape[1:])) if isinstance(v, torch.Tensor) else v
+            for k, v in meta_input_samples.items()
+        }
+        hybrid[dp] = trace_operators(model, local)
     family, plan, graph_groups, recompute = search_with_checkpoint(
         groups, cost, memory_budget, hybrid
     )
     graph = transformer_graph(graph_groups, cost)
-    result = apply_family(model, family, plan, graph, mesh)
+    result = apply_family(model, family, plan, graph, meshes.flat, grid=meshes.grid)
     if recompute is not None:
         apply_block_checkpoint(result.module, recompute.recomputed)
         result.recompute = recompute
@@ -250,13 +298,14 @@ def _batch_size(samples: Mapping[str, Any]) -> int:
     return sizes.pop()
 
 
-def _torch_mesh(device_mesh: Any) -> TorchDeviceMesh:
-    if device_mesh is None:
-        return init_device_mesh("cpu", (dist.get_world_size(),))
-    is_torch = isinstance(device_mesh, TorchDeviceMesh)
-    mesh = device_mesh if is_torch else device_mesh.get_torch_mesh()
-    if mesh.ndim != 1:
-        raise NotImplementedError(
-            f"autoparallelize supports 1-d meshes; got shape {tuple(mesh.shape)}."
-        )
-    return mesh
+def _probe_shape(model: nn.Module, samples: Mapping[str, Any], world: int) -> tuple[int, int]:
+    """(rows per rank, features) of the contention probe: a float input's last dimension, or
+    for token ids the model's ``hidden_size``."""
+    first = next(v for v in samples.values() if isinstance(v, torch.Tensor))
+    if first.is_floating_point() and first.dim():
+        hidden = int(first.shape[-1])
+        rows = first.numel() // max(hidden, 1)
+    else:
+        hidden = int(getattr(getattr(model, "config", None), "hidden_size", 64))
+        rows = first.numel()
+    return max(1, rows // world), hidden

@@ -1,21 +1,35 @@
 """Measure the compute constants of :class:`~kolossos.auto_parallel.strategies.CostModel` on
 this process: the matmul rate, the cost of one small operator and of one byte a memory-bound
-operator writes, and the optimizer's cost.
+operator writes, and the optimizer's cost; and, over the ranks, how much slower they compute
+side by side than alone (:func:`measure_contention`, applied with :func:`contended`).
 
-Each is the fastest of a short timed loop (a few milliseconds; the run least disturbed by other
-jobs on a shared machine); call them on every rank and agree on one value (e.g. the slowest)
-before building the cost model.
+Each per-process constant is the fastest of a short timed loop (a few milliseconds; the run
+least disturbed by other jobs on a shared machine); call them on every rank and agree on one
+value (:func:`slowest`) before building the cost model.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["measure_compute", "measure_optimizer"]
+from kolossos.auto_parallel.strategies import CostModel
+
+__all__ = [
+    "calibrate_contention",
+    "check_contention",
+    "contended",
+    "measure_compute",
+    "measure_contention",
+    "measure_optimizer",
+    "slowest",
+]
 
 
 def _fastest(fn: Callable[[], object], repeats: int) -> float:
@@ -136,3 +150,117 @@ def measure_optimizer(repeats: int = 15) -> dict[str, float]:
 
     copy_byte_s = _fastest(copy, repeats) / (2 * flat.numel() * 4)
     return {"tensor_s": small, "byte_s": byte_s, "copy_byte_s": copy_byte_s}
+
+
+def slowest(value: float, group: dist.ProcessGroup | None = None) -> float:
+    """The largest ``value`` over the ranks of ``group`` (the slowest rank sets the step;
+    COLLECTIVE)."""
+    tensor = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return float(tensor)
+
+
+def check_contention(factor: float) -> None:
+    """Raise ``ValueError`` unless ``factor`` (side-by-side time / alone time) is at least 1."""
+    if not factor >= 1.0:
+        raise ValueError(
+            f"contention={factor!r} must be >= 1 (the ranks' compute time side by side / "
+            "alone); pass 1.0 for none."
+        )
+
+
+def contended(cost: CostModel, factor: float) -> CostModel:
+    """``cost`` with every compute constant ``factor`` times slower: the matmul rate, the
+    per-operator and per-byte operator costs, the optimizer's and the flat-buffer copy's (CPU
+    work too). The communication constants (``alpha``, ``beta``) are unchanged.
+
+    Raises:
+        ValueError: ``factor`` below 1.
+    """
+    check_contention(factor)
+    return replace(
+        cost,
+        flops_per_s=cost.flops_per_s / factor,
+        op_s=cost.op_s * factor,
+        op_byte_s=cost.op_byte_s * factor,
+        optimizer_tensor_s=cost.optimizer_tensor_s * factor,
+        optimizer_byte_s=cost.optimizer_byte_s * factor,
+        copy_byte_s=cost.copy_byte_s * factor,
+    )
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure_contention(
+    seconds: float, tokens: int, hidden: int, repeats: int = 7, time_limit_s: float | None = None
+) -> float:
+    """How much slower the ranks of the default group compute side by side than alone, for
+    work lasting about ``seconds`` alone (at least 1; COLLECTIVE: every rank calls it).
+
+    The work is synthetic, a mix like a training step's: a ``Linear(hidden, 4·hidden)``,
+    tanh-GELU and ``LayerNorm`` forward + backward on ``tokens`` rows, repeated to last
+    ``seconds`` (at least once; the repetitions are counted from the fastest of 5 timed after
+    a barrier). Each of ``repeats`` trials times it alone on every rank in turn and then on all
+    ranks at once (after a barrier; the slowest rank); the factor is the median together over
+    the slowest rank's median alone. It takes about ``repeats × (world size + factor) ×
+    seconds``; with ``time_limit_s`` it stops after the first trial that ends past that many
+    seconds from the start (the ranks agree; at least one trial). More ranks than cores, or
+    virtual cores sharing a physical one, raise it.
+    """
+    start = time.perf_counter()
+    block = torch.nn.Sequential(
+        torch.nn.Linear(hidden, 4 * hidden),
+        torch.nn.GELU(approximate="tanh"),
+        torch.nn.LayerNorm(4 * hidden),
+    )
+    x = torch.randn(max(1, tokens), hidden, requires_grad=True)
+
+    def once() -> None:
+        block(x).sum().backward()
+
+    once()
+    one = []
+    for _ in range(5):
+        dist.barrier()
+        one.append(_timed(once))
+    count = max(1, round(slowest(seconds / max(min(one), 1e-9))))
+
+    def work() -> None:
+        for _ in range(count):
+            once()
+
+    alone: list[float] = []
+    together: list[float] = []
+    for _ in range(repeats):
+        for turn in range(dist.get_world_size()):
+            dist.barrier()
+            if dist.get_rank() == turn:
+                alone.append(_timed(work))
+            dist.barrier()
+        together.append(slowest(_timed(work)))
+        if time_limit_s is not None and slowest(time.perf_counter() - start) > time_limit_s:
+            break
+    alone_s = max(slowest(statistics.median(alone)), 1e-9)
+    return max(1.0, statistics.median(together) / alone_s)
+
+
+PROBE_HIDDEN = 1024
+"""Largest ``hidden`` of :func:`calibrate_contention`'s work (its weight: 16 MiB)."""
+PROBE_FLOPS = 2e8
+"""Largest forward + backward FLOPs of one repetition of :func:`calibrate_contention`'s work."""
+
+
+def calibrate_contention(tokens: int, hidden: int, time_s: float = 1.0, repeats: int = 5) -> float:
+    """:func:`measure_contention` within about ``time_s`` seconds: work of
+    ``time_s / (repeats × (world size + 2))`` seconds per timing (room for a factor of 2), no
+    trial started after ``time_s``, and the work's shape capped (``hidden`` at
+    :data:`PROBE_HIDDEN`, the rows to :data:`PROBE_FLOPS` per repetition) so that one
+    repetition of a large model's shape cannot outlast the bound (COLLECTIVE)."""
+    hidden = max(1, min(int(hidden), PROBE_HIDDEN))
+    rows = max(1, min(int(tokens), int(PROBE_FLOPS / (24 * hidden**2))))
+    seconds = time_s / (repeats * (dist.get_world_size() + 2))
+    return measure_contention(seconds, rows, hidden, repeats, time_limit_s=time_s)

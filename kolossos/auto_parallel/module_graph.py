@@ -6,14 +6,18 @@ into *operators*, walking the graph in order:
 
 * a node that reads a parameter belongs to the operator of its module (``transformer.h.0.attn.
   c_attn``, a ``Conv1D``; ``transformer.h.0.ln_1``; ``transformer.wte``). Its kind comes from the
-  module type: linear (``nn.Linear``, Hugging Face ``Conv1D``), layernorm (``LayerNorm`` or
-  ``RMSNorm``), embedding;
+  module type: linear (``nn.Linear``, Hugging Face ``Conv1D``), conv (``nn.Conv1d/2d/3d``; the
+  patch embedding's ``flatten``/``transpose`` join it as views), layernorm (``LayerNorm`` or
+  ``RMSNorm``), batchnorm (``nn.BatchNorm1d/2d/3d``), embedding; a module's own bare
+  parameters that are only expanded, concatenated or added to activations (ViT's CLS token and
+  position embeddings on ``ViTEmbeddings``) form a ``token_params`` operator;
 * ``scaled_dot_product_attention`` starts an ``attention`` operator, ``cross_entropy_loss`` the
   ``loss`` (a sink);
 * another node joins the operator of its input when it reads one operator, or the operator of
   its own module if that is among its inputs (the GELU's ``mul``/``tanh``); a node reading two
   operators is a residual ``add``; one in a new module (an activation) starts an
-  ``elementwise`` operator; views, dropout and dtype casts always join their input;
+  ``elementwise`` operator (activations, and the per-channel pooling of a ResNet: max pool,
+  average pool); views, dropout and dtype casts always join their input;
 * each user input (``input_ids``, ``labels``) is an operator without inputs; nodes that depend
   on neither an input nor a parameter (position ranges, the causal mask) are constants, left out.
 
@@ -39,15 +43,23 @@ from kolossos.auto_parallel.tracer import ColoTracer
 __all__ = ["GroupKind", "OperatorGroup", "build_module_graph"]
 
 GroupKind = Literal[
-    "input", "linear", "layernorm", "embedding", "attention", "elementwise", "add", "loss"
-]
+    "input", "linear", "conv", "layernorm", "batchnorm", "embedding", "token_params",
+    "attention", "elementwise", "add", "loss",
+]  # fmt: skip
 
 _VIEWS = {
     "view", "_unsafe_view", "reshape", "alias", "transpose", "permute", "expand", "split",
     "getitem", "t", "contiguous", "unsqueeze", "squeeze", "clone", "dropout", "to", "slice",
-    "_to_copy", "select", "detach", "_assert_tensor_metadata", "pad",
+    "_to_copy", "select", "detach", "_assert_tensor_metadata", "pad", "flatten",
 }  # fmt: skip
-_ELEMENTWISE = {"mul", "add", "pow", "tanh", "gelu", "relu", "silu", "sigmoid", "sub", "div"}
+_ELEMENTWISE = {
+    "mul", "add", "pow", "tanh", "gelu", "relu", "relu_", "silu", "sigmoid", "sub", "div",
+    "max_pool2d", "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d",
+}  # fmt: skip
+_TOKEN_PARAM_OPS = {"expand", "cat", "add", "view", "_unsafe_view", "reshape", "slice"}
+"""What a module may do with its own bare parameters to form a ``token_params`` operator
+(ViT's ``cls_token.expand``, ``cat``, ``+ position_embeddings``)."""
+_PARAM_KINDS = ("linear", "conv", "layernorm", "batchnorm", "embedding", "token_params")
 
 
 @dataclass
@@ -98,20 +110,36 @@ def _module(node: fx.Node) -> tuple[str, str]:
     return str(path), type_name.rsplit(".", 1)[-1]
 
 
+def _scope(node: fx.Node) -> str:
+    """The module call of ``node``: ``torch.export`` keys a module's second call ``...@1``."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return str(list(stack)[-1]) if stack else ""
+
+
 def _kind_of(type_name: str, root: nn.Module, path: str, node: fx.Node) -> GroupKind:
     module = root.get_submodule(path) if path else None
     if isinstance(module, nn.Linear) or type_name == "Conv1D":
         return "linear"
+    if isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+        return "conv"
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return "batchnorm"
     if isinstance(module, nn.LayerNorm | nn.RMSNorm) or type_name.endswith(
         ("LayerNorm", "RMSNorm")
     ):
         return "layernorm"  # a normalisation: LayerNorm, or RMSNorm (LLaMA), priced alike
     if isinstance(module, nn.Embedding) or type_name == "Embedding":
         return "embedding"
+    if module is not None and _base(node) in _TOKEN_PARAM_OPS:
+        own = {f"p_{path}_{n}".replace(".", "_") for n, _ in module.named_parameters(recurse=False)}
+        if {a.name for a in node.all_input_nodes if a.name.startswith("p_")} <= own:
+            return "token_params"  # ViT's CLS token / position embeddings
     raise UnsupportedOperatorError(
         f"autoparallelize has no sharding strategies for node {node.name!r} (operator "
         f"{node.target}) in module {path!r} ({type_name}); supported modules with parameters: "
-        "nn.Linear / Conv1D, nn.LayerNorm, nn.Embedding."
+        "nn.Linear / Conv1D, nn.Conv1d/2d/3d, nn.LayerNorm / RMSNorm, nn.BatchNorm1d/2d/3d, "
+        "nn.Embedding, and a module's own parameters that are only expanded, concatenated or "
+        "added to activations (a CLS token, position embeddings)."
     )
 
 
@@ -148,6 +176,7 @@ def build_module_graph(
     crossed: set[tuple[str, str]] = set()
     constant_to: dict[str, str] = {}  # (ATen node, group) edges already counted
     counter: dict[str, int] = {}
+    called: dict[str, str] = {}  # module call -> its elementwise group (a reused ReLU: one each)
 
     def new_group(kind: GroupKind, path: str, type_name: str = "") -> OperatorGroup:
         base = path or kind
@@ -165,6 +194,7 @@ def build_module_graph(
         if not live and not read_params:
             continue  # a constant (positions, masks)
         path, type_name = _module(node)
+        scope = _scope(node)
         base = _base(node)
         sources = list(dict.fromkeys(owner[a] for a in live))
         if read_params:
@@ -174,7 +204,7 @@ def build_module_graph(
                 group = new_group(_kind_of(type_name, root, path, node), key, type_name)
             else:
                 group = found
-                if group.kind not in ("linear", "layernorm", "embedding"):
+                if group.kind not in _PARAM_KINDS:
                     # the module's first nodes read no parameter (an RMSNorm's variance)
                     group.kind = _kind_of(type_name, root, path, node)
             for p in read_params:
@@ -191,14 +221,15 @@ def build_module_graph(
         elif base in ("cross_entropy_loss", "nll_loss", "mse_loss"):
             group = new_group("loss", "loss")
         elif (
-            path in groups
-            and groups[path].kind == "elementwise"
+            scope in called
+            and groups[called[scope]].kind == "elementwise"
             and sources
-            and (base not in _VIEWS or path in sources)
+            and (base not in _VIEWS or called[scope] in sources)
         ):
-            # more of an activation's (or LLaMA's rotary embedding's) nodes; a view of another
-            # operator's output in the same module (attention's output reshaped) is not one
-            group = groups[path]
+            # more of an activation's (or LLaMA's rotary embedding's) nodes in the same call;
+            # a view of another operator's output in the same module (attention's output
+            # reshaped) is not one
+            group = groups[called[scope]]
         elif len(sources) == 1 and (base in _VIEWS or groups[sources[0]].path == path):
             group = groups[sources[0]]
         elif path in sources:
@@ -209,6 +240,7 @@ def build_module_graph(
             group = new_group("add", f"{path}.add" if path else "add")
         elif len(sources) == 1 and base in _ELEMENTWISE:
             group = new_group("elementwise", path or base, type_name)
+            called[scope] = group.name
         else:
             raise UnsupportedOperatorError(
                 f"autoparallelize cannot group node {node.name!r} (operator {node.target}, "

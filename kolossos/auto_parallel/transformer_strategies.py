@@ -17,9 +17,16 @@ all-reduce buffer):
 * ``linear`` (``nn.Linear``, ``Conv1D``): ``dp``, ``col`` (R→F), ``row`` (F→R), ``rep`` as in
   :func:`~kolossos.auto_parallel.strategies.strategies_for`; a weight tied to an earlier
   operator (GPT-2's ``lm_head``) holds no parameter memory and all-reduces nothing of its own;
-* ``layernorm``: ``B`` (gradient all-reduce) or ``R``;
-* ``attention`` and ``elementwise``: ``B``, ``R`` or ``F`` (heads / features sharded), compute
-  divided by ``P`` when sharded;
+* ``conv`` (``nn.Conv1d/2d/3d``): ``dp`` (B→B, weight replicated, gradient all-reduce),
+  ``col`` (R→F, output channels sharded, the input's gradient all-reduced in backward) and
+  ``rep`` (R→R), priced like the linear's;
+* ``layernorm``: ``B`` (gradient all-reduce) or ``R``; ``token_params`` (ViT's CLS token and
+  position embeddings, added to the patch embeddings): the same two;
+* ``batchnorm``: ``B`` (gradient all-reduce; each rank normalises with its local batch's
+  statistics, so the step differs from one process's: no parity), ``R``, or ``F`` (channels
+  sharded with their weights: per-channel statistics, exact);
+* ``attention`` and ``elementwise`` (activations; per-channel pooling): ``B``, ``R`` or ``F``
+  (heads / features / channels sharded), compute divided by ``P`` when sharded;
 * ``add`` (residual): both inputs and the output in one layout;
 * ``loss`` (sink): logits and labels ``B`` or ``R``, or ``F`` logits (vocabulary-parallel cross
   entropy, three small all-reduces per step) with ``R`` labels.
@@ -44,14 +51,18 @@ _STATE_COPIES = 4.0
 
 MEGATRON_ROLES = {"c_attn": "col", "c_fc": "col", "q_proj": "col", "k_proj": "col",
                   "v_proj": "col", "up_proj": "col", "gate_proj": "col", "c_proj": "row",
-                  "o_proj": "row", "down_proj": "row", "lm_head": "col"}  # fmt: skip
-"""Megatron's role of a linear by its module's last name."""
+                  "o_proj": "row", "down_proj": "row", "lm_head": "col", "fc1": "col",
+                  "fc2": "row"}  # fmt: skip
+"""Megatron's role of a linear by its module's last name (GPT-2, LLaMA, ViT's MLP ``fc1`` /
+``fc2``); other linears (ViT's classifier) are replicated."""
 
 
 def megatron_names(group: OperatorGroup) -> set[str]:
-    """The strategy names of ``group`` in the Megatron plan (GPT-2 / LLaMA naming)."""
+    """The strategy names of ``group`` in the Megatron plan (GPT-2 / LLaMA / ViT naming)."""
     if group.kind == "linear":
         return {MEGATRON_ROLES.get(group.path.rsplit(".", 1)[-1], "rep")}
+    if group.kind == "conv":
+        return {"rep"}  # ViT's patch embedding, replicated as ShardFormer's ViT policy does
     if group.kind == "embedding":
         return {"vocab"} if group.inputs else {"rep"}
     if group.kind in ("attention", "elementwise"):
@@ -64,7 +75,9 @@ def megatron_names(group: OperatorGroup) -> set[str]:
 def megatron_assignment(groups: Sequence[OperatorGroup]) -> list[set[str]]:
     """The Megatron plan's strategy names for every operator of ``groups`` (in order): as
     :func:`megatron_names`, except that a two-input ``add``/``mul`` of operators both sharded
-    ``F`` (LLaMA's ``act_fn(gate_proj) * up_proj``) stays ``F``; inputs are ``R``."""
+    ``F`` (LLaMA's ``act_fn(gate_proj) * up_proj``) stays ``F``, and the loss is ``F``
+    (vocabulary-parallel) only on sharded logits (``R`` after ViT's replicated classifier);
+    inputs are ``R``."""
     sharded: set[str] = set()
     result = []
     for group in groups:
@@ -72,6 +85,8 @@ def megatron_assignment(groups: Sequence[OperatorGroup]) -> list[set[str]]:
             wanted = {"R"}
         elif group.kind == "add" and group.inputs and sharded.issuperset(group.inputs):
             wanted = {"F"}
+        elif group.kind == "loss" and group.inputs and group.inputs[0] not in sharded:
+            wanted = {"R"}
         else:
             wanted = megatron_names(group)
         if wanted & {"col", "F"}:
@@ -139,19 +154,24 @@ def _strategies(group: OperatorGroup, cost: CostModel) -> list[Strategy]:
     elif kind == "embedding":
         add("dp", [], "B", comm_s=grad_sync, comm_bytes=params)
         add("rep", [], "R")
-    elif kind == "linear":
+    elif kind in ("linear", "conv"):
+        # a convolution as a linear over channels: dp, col (output channels), rep; no row
         src = group.in_bytes[group.inputs[0]]
         weight = params - group.bias_bytes
         add("dp", ["B"], "B", flop_div=p, comm_s=grad_sync, comm_bytes=synced, act_div=p)
         add("col", ["R"], "F", flop_div=p, comm_s=cost.all_reduce(src), comm_bytes=src,
             param_div=p, act_div=p)  # fmt: skip
         out = group.out_bytes
-        add("row", ["F"], "R", flop_div=p, comm_s=cost.all_reduce(out), comm_bytes=out,
-            param=weight / p + group.bias_bytes)  # fmt: skip
+        if kind == "linear":
+            add("row", ["F"], "R", flop_div=p, comm_s=cost.all_reduce(out), comm_bytes=out,
+                param=weight / p + group.bias_bytes)  # fmt: skip
         add("rep", ["R"], "R")
-    elif kind == "layernorm":
-        add("B", ["B"], "B", comm_s=grad_sync, comm_bytes=params, act_div=p)
-        add("R", ["R"], "R")
+    elif kind in ("layernorm", "token_params", "batchnorm"):
+        ins: list[Layout] = ["B"] if n_in else []
+        add("B", ins, "B", comm_s=grad_sync, comm_bytes=params, act_div=p)
+        add("R", ["R"] if n_in else [], "R")
+        if kind == "batchnorm":
+            add("F", ["F"], "F", flop_div=p, param_div=p, act_div=p)
     elif kind in ("attention", "elementwise", "add"):
         for layout in ("B", "R", "F"):
             div = 1.0 if layout == "R" else p

@@ -4,7 +4,8 @@ ResNet with Bottleneck blocks, strided projections, BatchNorm and residual adds 
 Every node with a tensor output has shapes and dtypes; the outputs have the right shapes; the
 FLOPs of one layer's matrix products / convolutions equal a hand count, and the total the sum over
 layers. BERT's operators also group into the planner's operator DAG (``module_graph``) with one
-repeated block per encoder layer; ViT's patch convolution is refused by name.
+repeated block per encoder layer; ViT groups with its patch convolution; a parameter used
+outside the grouping rules is refused by name.
 """
 
 from __future__ import annotations
@@ -266,20 +267,42 @@ def test_bert_groups_into_encoder_blocks() -> None:
     )
 
 
-def test_vit_grouping_names_the_patch_convolution() -> None:
+def test_vit_groups_with_the_patch_convolution() -> None:
+    """ViT groups (details in ``test_auto_parallel_vit``): the patch convolution is a ``conv``
+    operator, the CLS token and position embeddings a ``token_params`` operator."""
     transformers = pytest.importorskip("transformers")
     from kolossos.auto_parallel.module_graph import trace_operators
-    from kolossos.auto_parallel.strategies import UnsupportedOperatorError
 
     config = transformers.ViTConfig(image_size=8, patch_size=4, hidden_size=HIDDEN,
                                     num_hidden_layers=1, num_attention_heads=HEADS,
                                     intermediate_size=INTER)  # fmt: skip
     model = transformers.ViTForImageClassification(config)
     pixels = torch.empty(BATCH, 3, 8, 8, device="meta")
-    # the planner has no strategies for convolutions yet: the error names node, operator, module
+    groups = trace_operators(model, {"pixel_values": pixels})
+    kinds = {g.name: g.kind for g in groups}
+    assert kinds["vit.embeddings.patch_embeddings.projection"] == "conv"
+    assert kinds["vit.embeddings"] == "token_params"
+
+
+class _LayerScale(torch.nn.Module):
+    """A bare parameter multiplied into the activations: not a ``token_params`` operator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.gamma = torch.nn.Parameter(torch.ones(HIDDEN))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.gamma
+
+
+def test_grouping_names_an_unsupported_parameter_use() -> None:
+    from kolossos.auto_parallel.module_graph import trace_operators
+    from kolossos.auto_parallel.strategies import UnsupportedOperatorError
+
+    x = torch.empty(BATCH, HIDDEN, device="meta")
     with pytest.raises(
         UnsupportedOperatorError,
-        match=r"node 'conv2d' \(operator aten\.conv2d\.default\) in module "
-        r"'vit\.embeddings\.patch_embeddings\.projection' \(Conv2d\)",
+        match=r"node 'mul' \(operator aten\.mul\.Tensor\) in module '' \(_LayerScale\)",
     ):
-        trace_operators(model, {"pixel_values": pixels})
+        trace_operators(_LayerScale(), {"x": x})
