@@ -13,14 +13,16 @@
   Hugging Face GPT-2 and LLaMA, an ILP over the whole traced DAG
   (:mod:`~kolossos.auto_parallel.ilp`, SciPy's HiGHS, ``pip install 'kolossos[auto]'``) and data
   parallel, Megatron (ShardFormer) or replicated execution
-  (:mod:`~kolossos.auto_parallel.apply_transformer`), with the model's blocks recomputed when no
-  plan fits the memory budget (:mod:`~kolossos.auto_parallel.transformer_checkpoint`). See
-  ``docs/auto_parallel.md``.
+  (:mod:`~kolossos.auto_parallel.apply_transformer`), any per-operator plan of the ILP run by
+  rewriting the traced graph for each rank (:mod:`~kolossos.auto_parallel.apply_graph`), with
+  the model's blocks recomputed when no plan fits the memory budget
+  (:mod:`~kolossos.auto_parallel.transformer_checkpoint`). See ``docs/auto_parallel.md``.
 """
 
 from __future__ import annotations
 
 from kolossos.auto_parallel.apply import AutoParallelModule
+from kolossos.auto_parallel.apply_graph import AutoParallelGraph, apply_graph_plan
 from kolossos.auto_parallel.apply_transformer import AutoParallelTransformer
 from kolossos.auto_parallel.autoparallelize import autoparallelize
 from kolossos.auto_parallel.ilp import solve_graph, solve_ilp
@@ -31,6 +33,7 @@ from kolossos.auto_parallel.traced_graph import NodeInfo, TracedGraph, TracingEr
 from kolossos.auto_parallel.tracer import ColoTracer
 
 __all__ = [
+    "AutoParallelGraph",
     "AutoParallelModule",
     "AutoParallelTransformer",
     "ColoTracer",
@@ -44,6 +47,7 @@ __all__ = [
     "TracedGraph",
     "TracingError",
     "UnsupportedOperatorError",
+    "apply_graph_plan",
     "autoparallelize",
     "solve_chain",
     "solve_graph",

@@ -13,7 +13,10 @@ Two paths on a 1-d mesh:
   parallel, Megatron tensor parallel, replicated, data parallel × Megatron on a 2-d layout
   of the ranks — is applied
   (:mod:`~kolossos.auto_parallel.apply_transformer`); on a user's 2-d ``(D, T)`` mesh only its
-  own layout (:mod:`~kolossos.auto_parallel.auto_mesh`).
+  own layout (:mod:`~kolossos.auto_parallel.auto_mesh`). On a 1-d mesh, when the ILP's
+  unrestricted per-operator optimum (mixing data parallelism, Megatron and replication
+  operator by operator) is predicted faster than every family by :data:`MIXED_GAIN`, it runs
+  instead, through the graph executor (:mod:`~kolossos.auto_parallel.apply_graph`).
 
 Costs measured here (``cost_model=None``) include how much slower the ranks compute side by
 side (:func:`~kolossos.auto_parallel.calibrate.calibrate_contention`).
@@ -31,6 +34,7 @@ from torch import nn
 
 from kolossos.accelerator import get_accelerator
 from kolossos.auto_parallel.apply import AutoParallelModule, apply_plan
+from kolossos.auto_parallel.apply_graph import AutoParallelGraph, apply_graph_plan
 from kolossos.auto_parallel.apply_transformer import AutoParallelTransformer, apply_family
 from kolossos.auto_parallel.auto_mesh import (
     AutoMesh,
@@ -45,7 +49,8 @@ from kolossos.auto_parallel.calibrate import (
     contended,
     slowest,
 )
-from kolossos.auto_parallel.module_graph import trace_operators
+from kolossos.auto_parallel.module_graph import OperatorGroup, trace_operators
+from kolossos.auto_parallel.sharding_graph import DagPlan
 from kolossos.auto_parallel.solver import (
     DATA_PARALLEL,
     TENSOR_PARALLEL,
@@ -66,6 +71,7 @@ from kolossos.auto_parallel.transformer_checkpoint import (
     apply_block_checkpoint,
     search_with_checkpoint,
 )
+from kolossos.auto_parallel.transformer_plan import search_free
 from kolossos.auto_parallel.transformer_strategies import transformer_graph
 
 __all__ = ["autoparallelize", "build_chain", "measure_flops_rate", "search_plan"]
@@ -174,7 +180,7 @@ def autoparallelize(
     cost_model: CostModel | None = None,
     contention: float | None = None,
     **kwargs: Any,
-) -> AutoParallelModule | AutoParallelTransformer:
+) -> AutoParallelModule | AutoParallelTransformer | AutoParallelGraph:
     """Search a sharding plan for ``model`` and return it parallelised over the mesh.
 
     Args:
@@ -206,7 +212,8 @@ def autoparallelize(
         For a transformer an :class:`~kolossos.auto_parallel.apply_transformer.
         AutoParallelTransformer` (the fastest that fits of data parallel, Megatron tensor
         parallel, replicated and data parallel × Megatron on each 2-d layout of the ranks,
-        priced on the whole traced DAG); otherwise an
+        priced on the whole traced DAG), or an :class:`~kolossos.auto_parallel.apply_graph.
+        AutoParallelGraph` running the ILP's per-operator plan when that is faster; otherwise an
         :class:`~kolossos.auto_parallel.apply.AutoParallelModule`: feed it
         ``local_batch(x)``, compute the loss on its output against ``local_batch(target)``;
         ``print_plan()`` explains the plan.
@@ -267,7 +274,7 @@ def _autoparallelize_transformer(
     cost: CostModel,
     memory_budget: float | None,
     dp_tp: tuple[int, int] | None,
-) -> AutoParallelTransformer:
+) -> AutoParallelTransformer | AutoParallelGraph:
     groups = trace_operators(model, dict(meta_input_samples))
     # dp x tp layouts of the ranks (on a 2-d mesh its own): each traced at 1/dp of the batch.
     hybrid = {}
@@ -282,11 +289,45 @@ def _autoparallelize_transformer(
         groups, cost, memory_budget, hybrid
     )
     graph = transformer_graph(graph_groups, cost)
+    if recompute is None and dp_tp is None:
+        mixed = _mixed_plan(model, meta_input_samples, groups, plan, cost, memory_budget, meshes)
+        if mixed is not None:
+            return mixed
     result = apply_family(model, family, plan, graph, meshes.flat, grid=meshes.grid)
     if recompute is not None:
         apply_block_checkpoint(result.module, recompute.recomputed)
         result.recompute = recompute
     return result
+
+
+MIXED_GAIN = 0.01
+"""How much faster (relative) the ILP's per-operator plan must be predicted than the best
+family for :func:`autoparallelize` to run it through the graph executor."""
+
+
+def _mixed_plan(
+    model: nn.Module,
+    samples: Mapping[str, Any],
+    groups: list[OperatorGroup],
+    family_best: DagPlan,
+    cost: CostModel,
+    memory_budget: float | None,
+    meshes: AutoMesh,
+) -> AutoParallelGraph | None:
+    """The ILP's per-operator optimum run by the graph executor, when it is predicted faster
+    than the best family by :data:`MIXED_GAIN` and the executor can run it; else ``None``."""
+    try:
+        free = search_free(groups, cost, memory_budget)
+    except InfeasibleBudgetError:
+        return None
+    if free.step_time >= family_best.step_time * (1.0 - MIXED_GAIN):
+        return None
+    try:
+        return apply_graph_plan(
+            model, samples, groups, free, transformer_graph(groups, cost), meshes.flat
+        )
+    except UnsupportedOperatorError:  # the same on every rank: they share rank 0's plan
+        return None
 
 
 def _batch_size(samples: Mapping[str, Any]) -> int:

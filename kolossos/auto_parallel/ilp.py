@@ -9,6 +9,9 @@ Variables:
   consumer's indicator of ``b``; with binary ``x`` exactly one ``y[e, a, b]`` is 1, so the
   product of the two choices is linear (one variable per *layout* pair, not per strategy pair).
 
+A node sharing a weight with an earlier one (``tied_to``) may only pick a strategy its
+``tie_allowed`` pairs with the owner's: ``x[owner, s] <= sum_{t allowed} x[node, t]``.
+
 Objective: ``sum x·(compute + communication) + sum y·reshard time``. Memory:
 ``sum x·(parameters, optimizer states, activation) + sum y·(gathered copy into a sink) <=
 budget`` and, for strategies that give one, ``sum x·end_mem <= budget`` (the end of
@@ -120,7 +123,14 @@ def solve_ilp(
         for a in sorted(src):
             for b in sorted(dst):
                 pairs[a, b] = len(time_c)
-                t, m = edge_cost(a, b, nodes[i].out_bytes, cost, into_sink=nodes[j].sink)
+                t, m = edge_cost(
+                    a,
+                    b,
+                    nodes[i].out_bytes,
+                    cost,
+                    into_sink=nodes[j].sink,
+                    no_batch=nodes[i].no_batch,
+                )
                 time_c.append(t)
                 mem_c.append(m)
         for a in src:  # sum_b y[a, b] = [producer outputs a]
@@ -137,6 +147,19 @@ def solve_ilp(
                 if st.input_layout(k) == b
             ]
             constraint([(pairs[a, b], 1.0) for a in src] + consumer, 0.0, 0.0)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    for j, node in enumerate(nodes):  # a tied weight: x[owner, s] <= sum of allowed x[node, t]
+        if not node.tied_to:
+            continue
+        i = index[node.tied_to]
+        for s, owner in enumerate(nodes[i].strategies):
+            allowed = node.tie_allowed.get(owner.name, ())
+            entries = [(int(offsets[i]) + s, 1.0)] + [
+                (int(offsets[j]) + t, -1.0)
+                for t, mine in enumerate(node.strategies)
+                if mine.name in allowed
+            ]
+            constraint(entries, -np.inf, 0.0)
     num_x, num_vars = int(offsets[-1]), len(time_c)
     budget = float("inf") if memory_budget is None else float(memory_budget)
     if memory_budget is not None:

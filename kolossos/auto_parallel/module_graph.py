@@ -88,6 +88,8 @@ class OperatorGroup:
     """ATen operators in the group, views included (each pays the dispatch cost)."""
     shared_bytes: float = 0.0
     """Bytes of parameters read here but owned by an earlier operator (a tied weight)."""
+    tied_to: str = ""
+    """The operator owning the shared weight (``transformer.wte`` for GPT-2's ``lm_head``)."""
     out_bytes: float = 0.0
     """Bytes of the group's last non-view node (what leaves it)."""
     op_bytes: float = 0.0
@@ -172,7 +174,7 @@ def build_module_graph(
         elif node.name.startswith("p_"):  # torch.export's name for a parameter
             params[node.name] = float(info[node.name].output_bytes)
         # buffers (b_...) and constants (c_...) are neither activations nor parameters
-    counted: set[str] = set()
+    counted: dict[str, str] = {}  # parameter -> the operator owning it
     crossed: set[tuple[str, str]] = set()
     constant_to: dict[str, str] = {}  # (ATen node, group) edges already counted
     counter: dict[str, int] = {}
@@ -210,8 +212,9 @@ def build_module_graph(
             for p in read_params:
                 if p in counted and group.param_bytes == 0.0:
                     group.shared_bytes += params[p]  # tied to an earlier operator's weight
+                    group.tied_to = counted[p]
                 elif p not in counted:
-                    counted.add(p)
+                    counted[p] = group.name
                     group.param_bytes += params[p]
                     group.param_tensors += 1
                     if p.endswith("bias"):

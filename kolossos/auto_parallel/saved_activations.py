@@ -107,6 +107,9 @@ def saved_activation_bytes(traced: TracedGraph) -> dict[str, float]:
         args = []
         for node in placeholders:
             value = node.meta["val"]
+            if not isinstance(value, torch.Tensor):  # a plain input (use_cache=False)
+                args.append(value)
+                continue
             fake = torch.empty_strided(
                 value.shape, value.stride(), dtype=value.dtype, device=value.device
             )
@@ -114,7 +117,7 @@ def saved_activation_bytes(traced: TracedGraph) -> dict[str, float]:
                 fake.requires_grad_(True)
             args.append(fake)
         # The placeholders' own storages are parameters and inputs: never activations.
-        inputs = {_storage_key(a) for a in args}
+        inputs = {_storage_key(a) for a in args if isinstance(a, torch.Tensor)}
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             outputs = recorder.run(*args)
     for value in outputs if isinstance(outputs, (tuple, list)) else [outputs]:

@@ -18,8 +18,8 @@ dynamic program (:func:`~kolossos.auto_parallel.solver.solve_chain`) minimise it
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from kolossos.auto_parallel.solver import ChainNode, Plan, StrategyPlan
 from kolossos.auto_parallel.strategies import CostModel, Layout, Strategy, reshard_cost
@@ -54,6 +54,16 @@ class DagNode:
     """A loss node: a gather into it holds the gathered copy (charged as memory)."""
     label: str = ""
     """What the node is (module path, operator) for printouts."""
+    no_batch: bool = False
+    """The output has no batch dimension (a position embedding, broadcast over the batch):
+    read under ``B`` it is not sliced, but the readers' gradients are each rank's share, so
+    moving it from ``R`` to ``B`` costs an all-reduce of its bytes in backward, and from ``B``
+    to anything nothing."""
+    tied_to: str = ""
+    """A node owning a weight this node also uses (a tied embedding), or ``""``."""
+    tie_allowed: Mapping[str, Collection[str]] = field(default_factory=dict)
+    """For a tied node: the owner's strategy name → this node's strategy names that store and
+    synchronise the shared weight the same way (the solvers allow only those pairs)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,10 @@ class ShardingGraph:
                     )
             if node.name in seen:
                 raise ValueError(f"node name {node.name!r} appears twice.")
+            if node.tied_to and node.tied_to not in seen:
+                raise ValueError(
+                    f"node {node.name!r} is tied to {node.tied_to!r}, which is not before it."
+                )
             seen.add(node.name)
 
     def __getitem__(self, name: str) -> DagNode:
@@ -137,10 +151,22 @@ def layout_strategies(layouts: Collection[Layout]) -> list[Strategy]:
 
 
 def edge_cost(
-    src: Layout, dst: Layout, num_bytes: float, cost: CostModel, *, into_sink: bool
+    src: Layout,
+    dst: Layout,
+    num_bytes: float,
+    cost: CostModel,
+    *,
+    into_sink: bool,
+    no_batch: bool = False,
 ) -> tuple[float, float]:
-    """(time, memory) of moving a tensor of ``num_bytes`` from layout ``src`` to ``dst``."""
-    time = reshard_cost(src, dst, num_bytes, cost)
+    """(time, memory) of moving a tensor of ``num_bytes`` from layout ``src`` to ``dst``
+    (``no_batch``: a tensor broadcast over the batch, see :attr:`DagNode.no_batch`)."""
+    if no_batch and src == "R" and dst == "B":
+        time = cost.all_reduce(num_bytes) if cost.world_size > 1 else 0.0
+    elif no_batch and src == "B":  # whole on every rank already: nothing to gather
+        time = 0.0
+    else:
+        time = reshard_cost(src, dst, num_bytes, cost)
     memory = num_bytes * (1 - 1 / cost.world_size) if into_sink and dst == "R" != src else 0.0
     return time, memory
 
@@ -161,6 +187,7 @@ def evaluate(graph: ShardingGraph, picks: Sequence[int], cost: CostModel) -> Dag
             graph.nodes[i].out_bytes,
             cost,
             into_sink=graph.nodes[j].sink,
+            no_batch=graph.nodes[i].no_batch,
         )
         moves[j] += t
         time += t

@@ -43,7 +43,13 @@ from kolossos.auto_parallel.module_graph import OperatorGroup
 from kolossos.auto_parallel.sharding_graph import DagNode, ShardingGraph, layout_strategies
 from kolossos.auto_parallel.strategies import CostModel, Layout, Strategy
 
-__all__ = ["MEGATRON_ROLES", "megatron_assignment", "megatron_names", "transformer_graph"]
+__all__ = [
+    "MEGATRON_ROLES",
+    "TIED_PAIRS",
+    "megatron_assignment",
+    "megatron_names",
+    "transformer_graph",
+]
 
 _STATE_COPIES = 4.0
 """Parameter, gradient, exp_avg and exp_avg_sq at the end of forward: in the usual loop
@@ -55,6 +61,13 @@ MEGATRON_ROLES = {"c_attn": "col", "c_fc": "col", "q_proj": "col", "k_proj": "co
                   "fc2": "row"}  # fmt: skip
 """Megatron's role of a linear by its module's last name (GPT-2, LLaMA, ViT's MLP ``fc1`` /
 ``fc2``); other linears (ViT's classifier) are replicated."""
+
+
+TIED_PAIRS = {"dp": ("dp",), "rep": ("rep",), "vocab": ("col",)}
+"""A tied weight's owner strategy (the embedding) → the strategies its other user (the lm
+head) may take: the same storage and gradient synchronisation (data parallel with data
+parallel, replicated with replicated, the vocabulary split with the column split), so that
+the owner's price of the weight is its whole price."""
 
 
 def megatron_names(group: OperatorGroup) -> set[str]:
@@ -209,6 +222,9 @@ def transformer_graph(
                 out_bytes=group.out_bytes,
                 sink=group.kind == "loss",
                 label=f"{group.kind} {group.module_type}".strip(),
+                no_batch=group.kind == "embedding" and not group.inputs,
+                tied_to=group.tied_to,
+                tie_allowed=TIED_PAIRS if group.tied_to else {},
             )
         )
     return ShardingGraph(tuple(nodes))

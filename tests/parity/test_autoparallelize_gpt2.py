@@ -38,6 +38,11 @@ BATCH, SEQ, STEPS, LR = 8, 24, 4, 1e-2
 # fp32; only the order of sums changes (gradient average, row-parallel partial sums, the
 # vocabulary-parallel softmax): measured worst differences are a few 1e-7.
 TOL = 2e-5
+# The mixed plan sums some gradients in yet another order; the key bias's true gradient is 0
+# (softmax ignores a per-query constant), so Adam turns its ~1e-9 rounding into up to ~2.5e-5
+# on one element after 4 steps (tests/parity/test_autoparallelize_graph_plans.py checks that
+# plan's gradients to 1e-6 directly).
+MIXED_PARAM_TOL = 5e-5
 COST = {"flops_per_s": 5e9, "alpha": 1e-6, "beta": 1e-8}
 
 
@@ -65,14 +70,15 @@ def test_autoparallelize_gpt2_parity(world_size: int) -> None:
     groups = trace_operators(_gpt2(), meta)
     dp_mem = family_plan("dp", groups, cost).memory
     tp_mem = family_plan("megatron", groups, cost).memory
-    # At 4 ranks the 2 x 2 layout (Megatron in pairs, data parallel across) is leaner and
-    # faster than Megatron over 4 and is picked at that budget; Megatron over 4 is built directly.
-    between = "megatron" if world_size == 2 else "dp2xtp2"
+    # At that budget on 2 ranks the ILP's per-operator optimum (data parallel except one
+    # block's MLP in Megatron column/row) beats every family and runs through the graph
+    # executor; at 4 ranks the 2 x 2 layout (Megatron in pairs, data parallel across) is faster
+    # still and is picked. Megatron itself is built from its plan directly.
+    between = "mixed" if world_size == 2 else "dp2xtp2"
     cases: list[tuple[str, float | None]] = [("dp", None), (between, (dp_mem + tp_mem) / 2)]
-    if world_size == 4:
-        cases.append(("megatron", None))
+    cases.append(("megatron", None))
     for family, budget in cases:
-        if family == "megatron" and world_size == 4:
+        if family == "megatron":
             plan = family_plan("megatron", groups, cost)
             mesh = init_device_mesh("cpu", (world_size,))
             graph = transformer_graph(groups, cost)
@@ -87,4 +93,5 @@ def test_autoparallelize_gpt2_parity(world_size: int) -> None:
         losses = train_causal_lm(model, ids, LR, model.local_batch)
         reduced = [global_mean(x) if model.data_parallel else float(x) for x in losses]
         assert_run_matches(reduced, ref_losses, model.full_state_dict(), reference, before,
-                           loss_atol=TOL, param_atol=TOL, label=str(family))  # fmt: skip
+                           loss_atol=TOL, label=str(family),
+                           param_atol=MIXED_PARAM_TOL if family == "mixed" else TOL)  # fmt: skip

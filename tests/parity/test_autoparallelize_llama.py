@@ -5,10 +5,12 @@ head), batch 8 x 24 tokens, fp32, Adam, the fixed communication-bound costs of
 ``test_autoparallelize_gpt2``. The operators come from the module types (``nn.Linear``,
 ``LlamaRMSNorm`` as a normalisation, the rotary embedding as an elementwise operator on
 ``q_proj``/``k_proj``); without a budget the search picks data parallelism, at a budget between
-the data-parallel and the Megatron memory the Megatron plan (``q/k/v/gate/up_proj`` column,
-``o/down_proj`` row, ``act_fn(gate) * up`` and the heads sharded, the RMSNorms replicated),
-run by ShardFormer's LLaMA policy; at a budget below every family's memory, a family with
-some ``model.layers.*`` blocks recomputed. Each trains STEPS steps from the same weights as a single
+the data-parallel and the Megatron memory the ILP's per-operator plan (data parallel with
+some operators in Megatron column/row), run by the graph executor; the Megatron plan
+(``q/k/v/gate/up_proj`` column, ``o/down_proj`` row, ``act_fn(gate) * up`` and the heads
+sharded, the RMSNorms replicated) is run by ShardFormer's LLaMA policy from its plan directly;
+at a budget below every family's memory, a family with some ``model.layers.*`` blocks
+recomputed. Each trains STEPS steps from the same weights as a single
 process on the whole batch: the loss matches at every step, the gathered parameters at the end,
 and every parameter moved by more than 10x the parameter tolerance.
 """
@@ -20,11 +22,14 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from kolossos.auto_parallel import CostModel, autoparallelize
+from kolossos.auto_parallel.apply_transformer import apply_family
 from kolossos.auto_parallel.module_graph import trace_operators
 from kolossos.auto_parallel.transformer_checkpoint import smallest_peak
 from kolossos.auto_parallel.transformer_plan import family_plan, family_plans
+from kolossos.auto_parallel.transformer_strategies import transformer_graph
 from kolossos.testing import distributed
 from kolossos.testing.parity import (
     assert_run_matches,
@@ -73,11 +78,19 @@ def test_autoparallelize_llama_parity() -> None:
     reachable = min(smallest_peak(ops, plan, 2) for plan, ops in plans.values())
     cases = [
         ("dp", None, False),
-        ("megatron", (dp_mem + tp_mem) / 2, False),
+        ("mixed", (dp_mem + tp_mem) / 2, False),
+        ("megatron", None, False),
         (None, (reachable + tp_mem) / 2, True),  # below every family: blocks recomputed
     ]
     for family, budget, recomputes in cases:
-        model = autoparallelize(copy.deepcopy(base), meta, memory_budget=budget, cost_model=cost)
+        if family == "megatron":
+            mesh = init_device_mesh("cpu", (2,))
+            model = apply_family(copy.deepcopy(base), "megatron", plans["megatron"][0],
+                                 transformer_graph(groups, cost), mesh)  # fmt: skip
+        else:
+            model = autoparallelize(
+                copy.deepcopy(base), meta, memory_budget=budget, cost_model=cost
+            )
         assert family is None or model.family == family, (model.family, family)
         assert (model.recompute is not None) == recomputes
         if recomputes:
