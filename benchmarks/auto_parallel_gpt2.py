@@ -1,7 +1,8 @@
 """Predicted vs measured step time and peak memory of ``autoparallelize``'s GPT-2 plans on CPU.
 
 Run ``python -m benchmarks.auto_parallel_gpt2`` (spawns 2 and then 4 gloo ranks; at 4 also the
-2 x 2 mesh, ``dp2xtp2``). Each rank
+2 x 2 mesh, ``dp2xtp2``; ``mixed`` is the ILP's own plan at the budget between data parallel and
+Megatron, run by the graph executor, when it is none of the families). Each rank
 calibrates the cost model on the spot, on synthetic work only (never the benchmarked models):
 the matmul rate at the model's MLP shape, the cost of one small ATen operator (forward +
 backward) and of one byte written by a memory-bound operator, the optimizer's cost per
@@ -168,15 +169,20 @@ def _measure(model: Any, spec: dict[str, int]) -> tuple[float, float, float]:
     return best, median, slowest(float(tracker.peak_bytes))
 
 
-def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tuple[Any, ...]]:
+def _rank(
+    rank: int, world_size: int, port: int, models: list[str], wanted: list[str]
+) -> list[tuple[Any, ...]]:
     import kolossos
     from kolossos.auto_parallel import CostModel
+    from kolossos.auto_parallel.apply_graph import apply_graph_plan
     from kolossos.auto_parallel.apply_transformer import apply_family
     from kolossos.auto_parallel.auto_mesh import resolve_mesh
     from kolossos.auto_parallel.module_graph import trace_operators
+    from kolossos.auto_parallel.sharding_graph import evaluate
     from kolossos.auto_parallel.transformer_plan import (
         family_plan,
         hybrid_plan,
+        search_free,
         search_transformer_plan,
     )
     from kolossos.auto_parallel.transformer_strategies import transformer_graph
@@ -201,16 +207,32 @@ def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tupl
             plans["dp2xtp2"] = hybrid_plan(hybrid[2], cost, 2)
             graphs["dp2xtp2"] = transformer_graph(hybrid[2], cost)
         unlimited, _ = search_transformer_plan(groups, cost, None, hybrid)
+        # The ILP's own plan at the budget between data parallel and Megatron: run by the
+        # graph executor when it mixes strategies (not one of the families).
+        between = (plans["dp"].memory + plans["megatron"].memory) / 2
+        mixed = search_free(groups, cost, between)
+        if all(mixed.strategies != p.strategies for p in plans.values()):
+            plans["mixed"] = mixed
+            graphs["mixed"] = transformer_graph(groups, cost)
         for family, plan in plans.items():
+            if wanted and family not in wanted:
+                continue
             chosen, _ = search_transformer_plan(groups, cost, plan.memory, hybrid)
-            if family == unlimited:
+            if family == "mixed":
+                budget = f"{between / 2**20:.2f} MiB (ILP)"
+            elif family == unlimited:
                 budget = "none"
             elif chosen == family:
                 budget = f"{plan.memory / 2**20:.2f} MiB"
             else:
                 budget = f"forced ({chosen} chosen at its memory)"
             torch.manual_seed(0)
-            model = apply_family(_gpt2(spec), family, plan, graphs[family], mesh)
+            model: Any
+            if family == "mixed":
+                samples = {"input_ids": ids, "labels": ids}
+                model = apply_graph_plan(_gpt2(spec), samples, groups, plan, graphs[family], mesh)
+            else:
+                model = apply_family(_gpt2(spec), family, plan, graphs[family], mesh)
             # Re-price the plan with the compute slowed by the ranks running side by side for
             # as long as its step (measured by a matmul burst of that length).
             local = spec["batch"] * spec["seq"] // (1 if family == "replicated" else world_size)
@@ -220,11 +242,16 @@ def _rank(rank: int, world_size: int, port: int, models: list[str]) -> list[tupl
                 tokens = spec["batch"] * spec["seq"] // 2
                 pair = _in_step_collective(tokens, spec["hidden"], pairs[rank // 2])
                 slow = replace(slow, alpha=slowest(pair))
-            priced = (
-                hybrid_plan(hybrid[2], slow, 2)
-                if family == "dp2xtp2"
-                else family_plan(family, groups, slow)
-            )
+            if family == "dp2xtp2":
+                priced = hybrid_plan(hybrid[2], slow, 2)
+            elif family == "mixed":
+                graph = transformer_graph(groups, slow)
+                names = [s.name for s in plan.strategies]
+                picks = [[s.name for s in n.strategies].index(w)
+                         for n, w in zip(graph.nodes, names, strict=True)]  # fmt: skip
+                priced = evaluate(graph, picks, slow)
+            else:
+                priced = family_plan(family, groups, slow)
             best, median, peak = _measure(model, spec)
             rows.append((name, family, budget, factor, priced.step_time, best, median,
                          plan.memory, peak))  # fmt: skip
@@ -240,11 +267,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), action="append")
     parser.add_argument("--ranks", type=int, action="append")
+    parser.add_argument("--plan", action="append", help="only these plans (e.g. mixed, dp)")
     args = parser.parse_args()
     models = args.model or list(MODELS)
     rows = []
     for world_size in args.ranks or (2, 4):
-        for row in spawn(_rank, world_size, models=models)[0]:
+        for row in spawn(_rank, world_size, models=models, wanted=args.plan or [])[0]:
             rows.append((world_size, *row))
     print("| model | ranks | plan | budget | contention | predicted ms | fastest ms | "
           "err vs fastest | median ms | err vs median | predicted MiB | measured peak MiB | "
