@@ -1,5 +1,5 @@
-"""Run any per-operator plan of the ILP on a Hugging Face transformer: the traced ATen graph,
-rewritten for this rank.
+"""Run any per-operator plan of the ILP (on GPT-2, LLaMA, ViT, a ResNet): the traced ATen
+graph, rewritten for this rank.
 
 :func:`~kolossos.auto_parallel.transformer_plan.search_free` picks one strategy per operator
 and may mix data parallelism, Megatron tensor parallelism and replication operator by
@@ -17,13 +17,18 @@ operator. :func:`apply_graph_plan` makes such a plan runnable:
 4. parameters are stored as their strategies need: column-parallel weights (``col``) by
    output features — GPT-2's fused ``c_attn`` per head of q, k and v — row-parallel
    (``row``) by input features with the partial products summed, a vocabulary-parallel
-   embedding (``vocab``) by rows; every other parameter whole. Whole parameters used by a
-   batch-sharded operator (``dp``, layout ``B``) get their gradients summed over the mesh at
-   the end of backward in one flat all-reduce; a tied weight used under different strategies
-   is stored whole and each use takes its part;
+   embedding (``vocab``) by rows, a column-parallel convolution by output channels, a
+   channel-sharded BatchNorm (``F``) by channel with its running statistics
+   (:mod:`~kolossos.auto_parallel.graph_params`); every other parameter whole. Whole
+   parameters used by a batch-sharded operator (``dp``, layout ``B``) get their gradients
+   summed over the mesh at the end of backward in one flat all-reduce; a tied weight used
+   under different strategies is stored whole and each use takes its part;
 5. the loss keeps the whole batch's mean: under ``B`` each rank's sum over its rows divided by
    the count of counted targets over all ranks (then summed), under ``F`` the
-   vocabulary-parallel cross entropy.
+   vocabulary-parallel cross entropy;
+6. a batch-sharded BatchNorm in training normalises with the whole batch's statistics
+   (:func:`~kolossos.auto_parallel.graph_comm.sync_batch_norm`); buffer mutations that
+   ``torch.export`` returns as graph outputs are written back into the buffers.
 
 The returned module takes the whole batch (the same on every rank) and returns the model's
 output: the loss is the whole batch's, ``logits`` this rank's part in the lm head's layout.
@@ -42,7 +47,8 @@ from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
 from torch.utils._pytree import tree_unflatten
 
 from kolossos.auto_parallel import graph_comm
-from kolossos.auto_parallel.graph_rewrite import GraphRewriter, ParamSpec
+from kolossos.auto_parallel.graph_params import ParamSpec
+from kolossos.auto_parallel.graph_rewrite import GraphRewriter
 from kolossos.auto_parallel.module_graph import OperatorGroup, build_module_graph
 from kolossos.auto_parallel.sharding_graph import DagPlan, ShardingGraph
 from kolossos.auto_parallel.strategies import UnsupportedOperatorError
@@ -60,10 +66,11 @@ def export_model(
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake = {}
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     for key, value in samples.items():
         if isinstance(value, torch.Tensor):
-            with mode:
-                fake[key] = torch.empty(value.shape, dtype=value.dtype)
+            with mode:  # on the model's device (meta samples carry only shape and dtype)
+                fake[key] = torch.empty(value.shape, dtype=value.dtype, device=device)
         else:
             fake[key] = value
     buffers = {name: buf.detach().clone() for name, buf in model.named_buffers()}
@@ -81,7 +88,7 @@ def export_model(
 
 
 class AutoParallelGraph(nn.Module):
-    """A transformer running a per-operator plan (:func:`apply_graph_plan`)."""
+    """A model running a per-operator plan (:func:`apply_graph_plan`)."""
 
     def __init__(
         self,
@@ -93,6 +100,7 @@ class AutoParallelGraph(nn.Module):
         plan: DagPlan,
         graph: ShardingGraph,
         mesh: TorchDeviceMesh,
+        buffer_specs: dict[str, ParamSpec] | None = None,
     ) -> None:
         super().__init__()
         self.graph_module = graph_module
@@ -102,6 +110,7 @@ class AutoParallelGraph(nn.Module):
         self.mesh = mesh
         self.recompute: Any = None
         self._specs = specs
+        self._buffer_specs = buffer_specs or {}
         self._batch_inputs = batch_inputs
         self._defaults = defaults
         self._inputs = [n.name for n in graph_module.graph.nodes if n.op == "placeholder"]
@@ -145,6 +154,16 @@ class AutoParallelGraph(nn.Module):
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Every parameter's gradient at full size, by name (collective; zeros where none)."""
         return self._gathered(lambda p: p.grad if p.grad is not None else torch.zeros_like(p))
+
+    def full_buffers(self) -> dict[str, torch.Tensor]:
+        """Every buffer the graph reads (BatchNorm running statistics) at full size, by its
+        name in the original model (collective)."""
+        group = self.mesh.get_group()
+        result = {}
+        for name, spec in self._buffer_specs.items():
+            local = self.graph_module.get_buffer(spec.attr).detach()
+            result[name] = local.clone() if spec.dim is None else spec.gather(local, group)
+        return result
 
     def _gathered(self, pick: Callable[[nn.Parameter], torch.Tensor]) -> dict[str, torch.Tensor]:
         group = self.mesh.get_group()
@@ -258,4 +277,6 @@ def apply_graph_plan(
         and rewriter.batch_dim(g.name) == 0
     }
     defaults = {k: v for k, v in samples.items() if not isinstance(v, torch.Tensor)}
-    return AutoParallelGraph(gm, program, specs, batch_inputs, defaults, plan, graph, mesh)
+    return AutoParallelGraph(
+        gm, program, specs, batch_inputs, defaults, plan, graph, mesh, rewriter.buffer_specs
+    )

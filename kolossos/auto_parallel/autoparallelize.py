@@ -1,6 +1,6 @@
 """``autoparallelize``: trace, search one sharding strategy per operator, apply the plan.
 
-Two paths on a 1-d mesh:
+Three paths on a 1-d mesh:
 
 * chains of ``nn.Linear``, ``nn.LayerNorm`` and elementwise activations (MLPs): the chain
   dynamic program compares the best pure data-parallel and the best pure tensor-parallel
@@ -16,7 +16,10 @@ Two paths on a 1-d mesh:
   own layout (:mod:`~kolossos.auto_parallel.auto_mesh`). On a 1-d mesh, when the ILP's
   unrestricted per-operator optimum (mixing data parallelism, Megatron and replication
   operator by operator) is predicted faster than every family by :data:`MIXED_GAIN`, it runs
-  instead, through the graph executor (:mod:`~kolossos.auto_parallel.apply_graph`).
+  instead, through the graph executor (:mod:`~kolossos.auto_parallel.apply_graph`);
+* other models that are not MLP chains but group into operators (a ResNet): the fastest of
+  data parallelism (synchronised BatchNorm statistics) and replication, or the ILP's
+  per-operator plan when it is faster by :data:`MIXED_GAIN` — all through the graph executor.
 
 Costs measured here (``cost_model=None``) include how much slower the ranks compute side by
 side (:func:`~kolossos.auto_parallel.calibrate.calibrate_contention`).
@@ -66,12 +69,13 @@ from kolossos.auto_parallel.strategies import (
     param_sizes,
     strategies_for,
 )
+from kolossos.auto_parallel.traced_graph import TracingError
 from kolossos.auto_parallel.tracer import ColoTracer, _is_hf_model
 from kolossos.auto_parallel.transformer_checkpoint import (
     apply_block_checkpoint,
     search_with_checkpoint,
 )
-from kolossos.auto_parallel.transformer_plan import search_free
+from kolossos.auto_parallel.transformer_plan import family_plan, search_free
 from kolossos.auto_parallel.transformer_strategies import transformer_graph
 
 __all__ = ["autoparallelize", "build_chain", "measure_flops_rate", "search_plan"]
@@ -184,9 +188,11 @@ def autoparallelize(
     """Search a sharding plan for ``model`` and return it parallelised over the mesh.
 
     Args:
-        model: an MLP-like chain of ``nn.Linear``/``nn.LayerNorm``/activations, or a Hugging
-            Face GPT-2 or LLaMA (``GPT2LMHeadModel``, ``LlamaForCausalLM``; same initial
-            weights on every rank).
+        model: an MLP-like chain of ``nn.Linear``/``nn.LayerNorm``/activations, a Hugging
+            Face GPT-2, LLaMA or ViT (``GPT2LMHeadModel``, ``LlamaForCausalLM``,
+            ``ViTForImageClassification``), or another model of the operators
+            :mod:`~kolossos.auto_parallel.module_graph` groups whose forward returns its loss
+            (a ResNet with BatchNorms); same initial weights on every rank.
         meta_input_samples: ``{"x": tensor}`` of the whole batch's shape (meta tensors work);
             for a transformer the keyword inputs, e.g. ``{"input_ids": ids, "labels": ids,
             "use_cache": False}``.
@@ -213,7 +219,9 @@ def autoparallelize(
         AutoParallelTransformer` (the fastest that fits of data parallel, Megatron tensor
         parallel, replicated and data parallel × Megatron on each 2-d layout of the ranks,
         priced on the whole traced DAG), or an :class:`~kolossos.auto_parallel.apply_graph.
-        AutoParallelGraph` running the ILP's per-operator plan when that is faster; otherwise an
+        AutoParallelGraph` running the ILP's per-operator plan when that is faster (for a
+        non-chain model outside ``transformers`` always an ``AutoParallelGraph``: family
+        ``dp``, ``replicated`` or ``mixed``); for an MLP chain an
         :class:`~kolossos.auto_parallel.apply.AutoParallelModule`: feed it
         ``local_batch(x)``, compute the loss on its output against ``local_batch(target)``;
         ``print_plan()`` explains the plan.
@@ -239,9 +247,9 @@ def autoparallelize(
     is_transformer = _is_hf_model(model)
     if dp_tp is not None and not is_transformer:
         raise NotImplementedError(
-            f"autoparallelize searches MLP chains on a 1-d mesh only (the chain solver and its "
-            f"executor shard one axis); got a {dp_tp[0]} x {dp_tp[1]} mesh. Pass a 1-d mesh of "
-            f"the {world} ranks or device_mesh=None."
+            f"autoparallelize searches MLP chains on a 1-d mesh only, as other models outside "
+            f"transformers (their solvers and executors shard one axis); got a {dp_tp[0]} x "
+            f"{dp_tp[1]} mesh. Pass a 1-d mesh of the {world} ranks or device_mesh=None."
         )
     if dp_tp is not None:
         check_transformer_sizes(model, dp_tp, _batch_size(meta_input_samples))
@@ -262,7 +270,18 @@ def autoparallelize(
         return _autoparallelize_transformer(
             model, meta_input_samples, meshes, cost, memory_budget, dp_tp
         )
-    chain, targets = build_chain(model, meta_input_samples, cost)
+    try:
+        chain, targets = build_chain(model, meta_input_samples, cost)
+    except UnsupportedOperatorError as chain_error:
+        try:
+            groups = trace_operators(model, dict(meta_input_samples))
+        except (UnsupportedOperatorError, TracingError) as graph_error:
+            raise UnsupportedOperatorError(
+                f"{chain_error} It is not an operator graph autoparallelize runs either: "
+                f"{graph_error}"
+            ) from graph_error
+        return _autoparallelize_graph(model, meta_input_samples, groups, meshes, cost,
+                                      memory_budget)  # fmt: skip
     plan = search_plan(chain, cost, memory_budget)
     return apply_plan(model, plan, meshes.flat, targets)
 
@@ -297,6 +316,57 @@ def _autoparallelize_transformer(
     if recompute is not None:
         apply_block_checkpoint(result.module, recompute.recomputed)
         result.recompute = recompute
+    return result
+
+
+GRAPH_FAMILIES = ("dp", "replicated")
+"""The families of a model outside ``transformers`` that is not an MLP chain (a CNN): data
+parallelism (with synchronised BatchNorm statistics) and replication; its tensor-parallel
+option is the ILP's per-operator plan (Megatron's roles have no meaning there). All run
+through the graph executor."""
+
+
+def _autoparallelize_graph(
+    model: nn.Module,
+    samples: Mapping[str, Any],
+    groups: list[OperatorGroup],
+    meshes: AutoMesh,
+    cost: CostModel,
+    memory_budget: float | None,
+) -> AutoParallelGraph:
+    """A non-chain model outside ``transformers`` (a ResNet): the fastest of
+    :data:`GRAPH_FAMILIES` that fits the budget, or the ILP's per-operator plan when it is
+    predicted faster by :data:`MIXED_GAIN` (or is the only one that fits), all run by the
+    graph executor; no activation checkpointing.
+
+    Raises:
+        InfeasibleBudgetError: no plan fits (the message lists each family's memory).
+        UnsupportedOperatorError: the executor cannot run the plan (names the node).
+    """
+    budget = float("inf") if memory_budget is None else memory_budget
+    plans = {f: family_plan(f, groups, cost) for f in GRAPH_FAMILIES}
+    fitting = {f: p for f, p in plans.items() if p.memory <= budget}
+    try:
+        free: DagPlan | None = search_free(groups, cost, memory_budget)
+    except InfeasibleBudgetError:
+        free = None
+    if free is None and not fitting:
+        sizes = ", ".join(f"{f} {p.memory:.0f}" for f, p in plans.items())
+        raise InfeasibleBudgetError(
+            f"no plan fits the memory budget of {budget:.0f} bytes per rank on "
+            f"{cost.world_size} ranks (bytes per rank: {sizes}; the per-operator search found "
+            "none either). Raise memory_budget or use more ranks."
+        )
+    family = min(fitting, key=lambda f: (fitting[f].step_time, fitting[f].memory), default="")
+    if free is not None and (
+        not family or free.step_time < fitting[family].step_time * (1.0 - MIXED_GAIN)
+    ):
+        family, plan = "mixed", free
+    else:
+        plan = fitting[family]
+    graph = transformer_graph(groups, cost)
+    result = apply_graph_plan(model, samples, groups, plan, graph, meshes.flat)
+    result.family = family
     return result
 
 

@@ -1,7 +1,8 @@
 """The functions the graph executor (:mod:`~kolossos.auto_parallel.apply_graph`) inserts
 into a traced graph: layout conversions on the edges between operators, and the operators
 whose sharded form is not the ATen operator on local tensors (row-parallel matmul,
-vocabulary-parallel embedding, the losses).
+vocabulary-parallel embedding, the losses, a batch-sharded BatchNorm's synchronised
+statistics).
 
 Every tensor of a running plan is in one of three *kinds* on a 1-d mesh:
 
@@ -42,8 +43,10 @@ __all__ = [
     "row_matmul",
     "scale_grad",
     "shard_of",
+    "sync_batch_norm",
     "vocab_cross_entropy",
     "vocab_embedding",
+    "write_back",
 ]
 
 Kind = Literal["S", "P", "R"]
@@ -207,3 +210,93 @@ def vocab_cross_entropy(
     return vocab_parallel_cross_entropy(
         logits, labels, group, ignore_index=ignore_index, label_smoothing=label_smoothing
     )
+
+
+def write_back(buffer: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy a buffer's new value (a functionalised BatchNorm's running statistic) into it."""
+    with torch.no_grad():
+        buffer.copy_(value)
+
+
+class _SyncBatchNorm(torch.autograd.Function):
+    """Batch normalisation of a batch split over ``group`` with the whole batch's statistics.
+
+    Forward: two all-reduces (per-channel sums with the row count, then the per-channel sums of
+    squared deviations from the global mean: the two-pass variance, as accurate as one
+    process's); the running statistics are updated with the global mean and the unbiased
+    global variance. Backward: one all-reduce of the per-channel sums of the output gradient
+    and of its product with the normalised input. The weight's and bias's gradients returned
+    are this rank's shares (the executor sums them over the mesh with the other gradients).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running: tuple[torch.Tensor | None, torch.Tensor | None, float],
+        eps: float,
+        group: ProcessGroup,
+    ) -> torch.Tensor:
+        dims = [0, *range(2, x.dim())]
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        stats = torch.cat([x.sum(dims), x.new_full((1,), x.numel() / x.shape[1])])
+        dist.all_reduce(stats, group=group)  # sync point: channel sums and the row count
+        count = float(stats[-1])
+        mean = stats[:-1] / count
+        centred = x - mean.view(shape)
+        squares = centred.square().sum(dims)
+        dist.all_reduce(squares, group=group)  # sync point: sums of squared deviations
+        var = squares / count
+        invstd = torch.rsqrt(var + eps)
+        xhat = centred * invstd.view(shape)
+        running_mean, running_var, momentum = running
+        if running_mean is not None and running_var is not None:
+            running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
+            running_var.mul_(1 - momentum).add_(var * (count / max(count - 1, 1)), alpha=momentum)
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.count, ctx.group, ctx.dims, ctx.shape = count, group, dims, shape
+        ctx.has_bias = bias is not None
+        out = xhat if weight is None else xhat * weight.view(shape)
+        return out if bias is None else out + bias.view(shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        xhat, invstd, weight = ctx.saved_tensors
+        dims, shape, channels = ctx.dims, ctx.shape, xhat.shape[1]
+        local = torch.cat([grad.sum(dims), (grad * xhat).sum(dims)])
+        sums = local.clone()
+        dist.all_reduce(sums, group=ctx.group)  # sync point: the whole batch's two sums
+        mean_dy = (sums[:channels] / ctx.count).view(shape)
+        mean_dy_xhat = (sums[channels:] / ctx.count).view(shape)
+        scale = invstd if weight is None else invstd * weight
+        grad_x = scale.view(shape) * (grad - mean_dy - xhat * mean_dy_xhat)
+        grad_weight = local[channels:] if weight is not None else None
+        grad_bias = local[:channels] if ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias, None, None, None
+
+
+def sync_batch_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+    cudnn_enabled: bool,
+    group: ProcessGroup,
+) -> torch.Tensor:
+    """``aten.batch_norm`` on this rank's rows of a batch split over ``group``: in training
+    the whole batch's per-channel statistics (as ``SyncBatchNorm``, written with gloo-capable
+    collectives), in evaluation the running statistics."""
+    if not training:
+        return F.batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
+    if x.dim() < 2:
+        raise ValueError(f"sync_batch_norm: input of shape {tuple(x.shape)} has no channels.")
+    out: torch.Tensor = _SyncBatchNorm.apply(
+        x, weight, bias, (running_mean, running_var, momentum), eps, group
+    )
+    return out

@@ -1,10 +1,10 @@
 """Rewrite an exported ATen graph so that each node runs its operator's strategy on this
-rank's part of the tensors (the core of :mod:`~kolossos.auto_parallel.apply_graph`)."""
+rank's part of the tensors (the core of :mod:`~kolossos.auto_parallel.apply_graph`; how
+parameters and buffers are stored is :mod:`~kolossos.auto_parallel.graph_params`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,16 +13,23 @@ from torch import fx, nn
 
 from kolossos.auto_parallel import graph_comm
 from kolossos.auto_parallel.graph_comm import Kind
+from kolossos.auto_parallel.graph_params import (
+    ParamSpec,
+    ParamUse,
+    buffer_dim,
+    param_use,
+    split_chunks,
+    store_parameters,
+)
 from kolossos.auto_parallel.module_graph import OperatorGroup
 from kolossos.auto_parallel.shard_dims import (
-    MATMUL_OPS,
     as_int,
     base_name,
+    feature_source,
     node_shape,
     propagate_dims,
 )
 from kolossos.auto_parallel.strategies import Strategy, UnsupportedOperatorError
-from kolossos.nn.layer.parallel_1d._comm import all_gather_along
 
 __all__ = ["GraphRewriter", "ParamSpec"]
 
@@ -30,37 +37,6 @@ _SHAPED = {"view", "_unsafe_view", "reshape", "expand"}
 _FACTORIES = {"new_zeros", "new_ones", "new_full", "new_empty", "zeros", "ones", "full",
               "empty", "arange", "randn", "rand"}  # fmt: skip
 _LOSSES = {"cross_entropy_loss"}
-
-
-@dataclass
-class ParamSpec:
-    """How one parameter of the original model is stored on this rank."""
-
-    attr: str
-    """Attribute of the rewritten graph module holding it."""
-    dim: int | None = None
-    """The dimension it is sharded on, ``None``: stored whole."""
-    chunks: int = 1
-    """Sharded per chunk (GPT-2's fused q, k, v: 3)."""
-    summed: bool = False
-    """Its gradient is summed over the mesh after backward (stored whole, used by a
-    batch-sharded operator or by a sharded one)."""
-
-    def gather(self, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        """The full parameter from every rank's part (collective)."""
-        assert self.dim is not None
-        world = dist.get_world_size(group)
-        parts = all_gather_along(local, self.dim, group).chunk(world, dim=self.dim)
-        per_rank = [p.chunk(self.chunks, dim=self.dim) for p in parts]
-        chunks = [torch.cat([r[c] for r in per_rank], dim=self.dim) for c in range(self.chunks)]
-        return torch.cat(chunks, dim=self.dim)
-
-
-@dataclass(frozen=True)
-class _Use:
-    kind: str  # "S" sharded, "B" whole with a share of the gradient, "R" whole
-    dim: int | None = None
-    chunks: int = 1
 
 
 def _bind(fn: Callable[..., Any], **fixed: Any) -> Callable[..., Any]:
@@ -108,10 +84,18 @@ class GraphRewriter:
         sources_b: dict[str, int | None] = {
             i: 0 if (node_shape(nodes[i]) or (0,))[0] == self.batch else None for i in inputs
         }
-        self.dims = {"B": propagate_dims(self.old, sources_b), "F": propagate_dims(
-            self.old, {n.name: len(node_shape(n) or (0,)) - 1 for n in self.old.nodes
-                       if n.op == "call_function" and base_name(n) in MATMUL_OPS
-                       and any(a.name in self.param_of for a in n.all_input_nodes)})}  # fmt: skip
+        for n in self.old.nodes:  # ViT's CLS token expanded over the batch
+            src = n.args[0] if n.args else None
+            if (base_name(n) == "expand" and self.owner.get(n.name) in self.groups
+                    and self.groups[self.owner[n.name]].kind == "token_params"
+                    and (node_shape(n) or (0,))[0] == self.batch
+                    and (node_shape(src) or (0,))[0] == 1):  # fmt: skip
+                sources_b[n.name] = 0
+        sources_f = {n.name: feature_source(n, self.param_of) for n in self.old.nodes}
+        self.dims = {
+            "B": propagate_dims(self.old, sources_b),
+            "F": propagate_dims(self.old, {k: d for k, d in sources_f.items() if d is not None}),
+        }
         self.new = fx.Graph()
         self.env: dict[str, fx.Node] = {}
         self.converted: dict[tuple[str, Kind, int | None], fx.Node] = {}
@@ -136,49 +120,12 @@ class GraphRewriter:
         param = self.model.get_parameter(self.param_of[placeholder])
         return self.canonical[id(param)]
 
-    def _chunks(self, group: OperatorGroup) -> int:
-        """How many equal chunks a column-parallel output is split into (fused q, k, v)."""
-        for name in group.nodes:
-            node = self.nodes[name]
-            if base_name(node) not in ("split", "split_with_sizes"):
-                continue
-            src = node.args[0]
-            assert isinstance(src, fx.Node)
-            shape = node_shape(src)
-            split_dim = as_int(node.args[2]) if len(node.args) > 2 else 0
-            if shape is None or self.dims["F"].get(src.name) != split_dim % len(shape):
-                continue
-            sizes = node.args[1]
-            if isinstance(sizes, list | tuple):
-                return len(sizes)
-            return shape[split_dim] // as_int(sizes)
-        return 1
+    def _use(self, group: OperatorGroup, node: fx.Node, placeholder: str) -> ParamUse:
+        return param_use(group, self.strategies[group.name], node, placeholder,
+                         lambda: split_chunks(group, self.nodes, self.dims["F"]))  # fmt: skip
 
-    def _use(self, group: OperatorGroup, node: fx.Node, placeholder: str) -> _Use:
-        role = self.strategies[group.name].name
-        base = base_name(node)
-        if group.kind == "linear":
-            weight_arg = node.args[2] if base == "addmm" else node.args[1]
-            weight = isinstance(weight_arg, fx.Node) and placeholder == weight_arg.name
-            conv1d = base == "addmm"
-            if role == "col":
-                dim = (1 if conv1d else 0) if weight else 0
-                return _Use("S", dim, self._chunks(group))
-            if role == "row":
-                return _Use("S", 0 if conv1d else 1) if weight else _Use("R")
-            return _Use("B" if role == "dp" else "R")
-        if group.kind == "embedding":
-            return _Use("S", 0) if role == "vocab" else _Use("B" if role == "dp" else "R")
-        layout = self.strategies[group.name].out_layout
-        if layout == "F":
-            raise UnsupportedOperatorError(
-                f"node {node.name!r} ({node.target}) of operator {group.name!r} reads parameter "
-                f"{placeholder!r} under a feature-sharded layout; no sharded form exists."
-            )
-        return _Use("B" if layout == "B" else "R")
-
-    def _collect_uses(self) -> dict[str, set[_Use]]:
-        uses: dict[str, set[_Use]] = {}
+    def _collect_uses(self) -> dict[str, set[ParamUse]]:
+        uses: dict[str, set[ParamUse]] = {}
         for node in self.old.nodes:
             if node.op != "call_function" or node.name not in self.owner:
                 continue
@@ -197,24 +144,11 @@ class GraphRewriter:
         """The local graph, its parameters (by attribute), their specs (by original name)
         and its constant tensors (by attribute)."""
         uses = self._collect_uses()
-        params: dict[str, torch.Tensor] = {}
-        self.specs: dict[str, ParamSpec] = {}
-        for i, (name, param) in enumerate(self.model.named_parameters()):
-            attr = f"param{i}"
-            found = uses.get(name, set())
-            if len(found) == 1 and next(iter(found)).kind == "S":
-                use = next(iter(found))
-                self.specs[name] = ParamSpec(attr, use.dim, use.chunks)
-                shard = graph_comm.shard_of(param.detach(), use.dim or 0, use.chunks,
-                                            self.rank, self.world)  # fmt: skip
-                params[attr] = nn.Parameter(shard.clone(), requires_grad=param.requires_grad)
-                param.data = param.data.new_empty(0)  # the model's full copy is freed
-            else:
-                summed = any(u.kind in ("B", "S") for u in found) and self.world > 1
-                self.specs[name] = ParamSpec(attr, None, 1, summed)
-                params[attr] = param
+        params, self.specs = store_parameters(self.model, uses, self.rank, self.world)
         self.uses = uses
-        self.param_nodes: dict[tuple[str, _Use], fx.Node] = {}
+        self.buffer_specs: dict[str, ParamSpec] = {}
+        self.buffer_nodes: dict[str, fx.Node] = {}
+        self.param_nodes: dict[tuple[str, ParamUse], fx.Node] = {}
         constants: dict[str, torch.Tensor] = {}
         for node in self.old.nodes:
             if node.op == "placeholder":
@@ -224,7 +158,7 @@ class GraphRewriter:
                     continue
                 self._call(node)
             elif node.op == "output":
-                self.new.output(fx.map_arg(node.args[0], lambda a: self.env[a.name]))
+                self._output(node)
         self.new.lint()
         return self.new, params, self.specs, constants
 
@@ -232,8 +166,15 @@ class GraphRewriter:
         if node.name in self.param_of:
             return
         tensor = None
+        attr = f"const{len(constants)}"
         if node.name in self.buffer_of:
-            tensor = self.model.get_buffer(self.buffer_of[node.name])
+            name = self.buffer_of[node.name]
+            tensor = self.model.get_buffer(name)
+            dim = self._buffer_dim(node)
+            if dim is not None:  # a feature-sharded BatchNorm's running statistics
+                tensor = graph_comm.shard_of(tensor.detach(), dim, 1, self.rank, self.world)
+                tensor = tensor.clone()
+            self.buffer_specs[name] = ParamSpec(attr, dim)
         elif node.name in self.constant_of:
             found = self.program.constants[self.constant_of[node.name]]
             if not isinstance(found, torch.Tensor):
@@ -242,13 +183,45 @@ class GraphRewriter:
                 )
             tensor = found
         if tensor is not None:
-            attr = f"const{len(constants)}"
             constants[attr] = tensor
             self.env[node.name] = self.new.get_attr(attr)
+            if node.name in self.buffer_of:
+                self.buffer_nodes[self.buffer_of[node.name]] = self.env[node.name]
         else:
             self.env[node.name] = self.new.placeholder(node.name)
 
-    def _param(self, placeholder: str, use: _Use) -> fx.Node:
+    def _buffer_dim(self, node: fx.Node) -> int | None:
+        def reader(user: fx.Node) -> OperatorGroup | None:
+            name = self.owner.get(user.name)
+            return self.groups[name] if name is not None else None
+
+        return buffer_dim(node, reader, self._layout)
+
+    def _output(self, node: fx.Node) -> None:
+        """The user outputs; the buffer mutations ``torch.export`` lists as extra outputs
+        (running statistics of a functionalised BatchNorm) are written back instead."""
+        from torch.export.graph_signature import OutputKind
+
+        values = node.args[0]
+        assert isinstance(values, list | tuple)
+        specs = self.program.graph_signature.output_specs
+        user = []
+        for spec, value in zip(specs, values, strict=True):
+            new = fx.map_arg(value, lambda a: self.env[a.name])
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                assert spec.target is not None
+                target = self.buffer_nodes[spec.target]
+                self.new.call_function(graph_comm.write_back, (target, new))
+            elif spec.kind == OutputKind.USER_OUTPUT:
+                user.append(new)
+            else:
+                raise UnsupportedOperatorError(
+                    f"output {value} is a {spec.kind.name} output; the graph executor runs "
+                    "graphs whose outputs are user outputs and buffer mutations."
+                )
+        self.new.output(tuple(user))
+
+    def _param(self, placeholder: str, use: ParamUse) -> fx.Node:
         name = self._param_name(placeholder)
         key = (name, use)
         if key not in self.param_nodes:
@@ -343,7 +316,7 @@ class GraphRewriter:
         group, strategy = self.groups[gname], self.strategies[gname]
         layout, role, base = strategy.out_layout, strategy.name, base_name(node)
         out_dim = self.dims[layout].get(node.name) if layout != "R" else None
-        matmul = group.kind in ("linear", "embedding") and any(
+        matmul = group.kind in ("linear", "embedding", "conv") and any(
             a.name in self.param_of for a in node.all_input_nodes
         )
 
@@ -389,6 +362,14 @@ class GraphRewriter:
         elif matmul and role == "vocab":
             padding = args[2] if len(args) > 2 else -1
             out = self._fn(graph_comm.vocab_embedding, args[0], args[1], padding)
+        elif base == "batch_norm" and layout == "B" and self.world > 1:
+            out = self._fn(graph_comm.sync_batch_norm, *args)  # the whole batch's statistics
+        elif "batch_norm" in base and layout == "B" and self.world > 1:
+            raise UnsupportedOperatorError(
+                f"node {node.name!r} ({node.target}) of operator {gname!r}: a batch-sharded "
+                "BatchNorm runs as aten.batch_norm (synchronised statistics) only; export the "
+                "model without decompositions."
+            )
         elif base in _LOSSES and role in ("B", "F"):
             fn = graph_comm.batch_cross_entropy if role == "B" else graph_comm.vocab_cross_entropy
             rest = list(args[2:]) + [None, 1, -100, 0.0][len(args) - 2 :]

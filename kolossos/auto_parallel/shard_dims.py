@@ -10,10 +10,12 @@ propagation on the traced (global) shapes:
 
 * batch: the user inputs' dimension 0 (when it is the batch size) starts it;
 * feature: the output's last dimension of every operator reading a weight by matmul or
-  lookup (``addmm``, ``linear``, ``mm``, ``embedding``);
+  lookup (``addmm``, ``linear``, ``mm``, ``embedding``), the channels (dimension 1) of a
+  convolution's output;
 * through views the dimension is followed by the element order (a ``view`` keeps a sharded
   dimension sharded in contiguous blocks when the product of the dimensions before it is
-  unchanged: ``[b, s, h] → [b, s, heads, head_dim]`` maps ``h`` to ``heads``), through
+  unchanged: ``[b, s, h] → [b, s, heads, head_dim]`` maps ``h`` to ``heads``; ``flatten``
+  alike), through
   ``transpose``/``permute``/``unsqueeze``/``squeeze``/``select`` by index arithmetic, through
   broadcasting elementwise operators by aligning shapes on the right;
 * a node whose output has no such dimension (a reduction over it, a constant) gets ``None``.
@@ -27,10 +29,21 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import fx
 
-__all__ = ["MATMUL_OPS", "as_int", "base_name", "node_shape", "propagate_dims", "view_dim"]
+__all__ = [
+    "CONV_OPS",
+    "MATMUL_OPS",
+    "as_int",
+    "base_name",
+    "feature_source",
+    "node_shape",
+    "propagate_dims",
+    "view_dim",
+]
 
 MATMUL_OPS = {"addmm", "linear", "mm", "matmul", "embedding"}
 """Operators that start a feature dimension (their output's last) when they read a weight."""
+CONV_OPS = {"conv1d", "conv2d", "conv3d", "convolution"}
+"""Convolutions: their output's feature dimension is the channels, dimension 1."""
 
 
 def as_int(arg: object) -> int:
@@ -59,6 +72,19 @@ def node_shape(node: object) -> tuple[int, ...] | None:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return tuple(int(s) for s in val.shape)
+    return None
+
+
+def feature_source(node: fx.Node, weights: Iterable[str]) -> int | None:
+    """The feature dimension ``node`` starts when it reads one of ``weights`` (a matmul's or
+    lookup's last output dimension, a convolution's channels), else ``None``."""
+    base = base_name(node)
+    if node.op != "call_function" or not any(a.name in weights for a in node.all_input_nodes):
+        return None
+    if base in MATMUL_OPS:
+        return len(node_shape(node) or (0,)) - 1
+    if base in CONV_OPS:
+        return 1
     return None
 
 
@@ -123,7 +149,7 @@ def _rule(node: fx.Node, dims: Mapping[str, int | None]) -> int | None:
             if d is not None and s is not None:
                 return _aligned(s, out, d)
         return None
-    if base in ("view", "_unsafe_view", "reshape") and out is not None:
+    if base in ("view", "_unsafe_view", "reshape", "flatten") and out is not None:
         return view_dim(src, out, dim)
     if base == "transpose":
         a, b = (as_int(x) % len(src) for x in node.args[1:3])

@@ -22,9 +22,10 @@ all-reduce buffer):
   ``rep`` (R→R), priced like the linear's;
 * ``layernorm``: ``B`` (gradient all-reduce) or ``R``; ``token_params`` (ViT's CLS token and
   position embeddings, added to the patch embeddings): the same two;
-* ``batchnorm``: ``B`` (gradient all-reduce; each rank normalises with its local batch's
-  statistics, so the step differs from one process's: no parity), ``R``, or ``F`` (channels
-  sharded with their weights: per-channel statistics, exact);
+* ``batchnorm``: ``B`` (gradient all-reduce, and synchronised statistics as one process's
+  on the whole batch: two small all-reduces forward — per-channel sums with the count, then
+  the sums of squared deviations — and one backward), ``R``, or ``F`` (channels sharded with
+  their weights and running statistics: per-channel statistics, exact);
 * ``attention`` and ``elementwise`` (activations; per-channel pooling): ``B``, ``R`` or ``F``
   (heads / features / channels sharded), compute divided by ``P`` when sharded;
 * ``add`` (residual): both inputs and the output in one layout;
@@ -181,7 +182,16 @@ def _strategies(group: OperatorGroup, cost: CostModel) -> list[Strategy]:
         add("rep", ["R"], "R")
     elif kind in ("layernorm", "token_params", "batchnorm"):
         ins: list[Layout] = ["B"] if n_in else []
-        add("B", ins, "B", comm_s=grad_sync, comm_bytes=params, act_div=p)
+        stats_s = stats_bytes = 0.0
+        if kind == "batchnorm" and cost.world_size > 1:
+            # synchronised statistics: forward the channel sums with the count, then the sums
+            # of squared deviations; backward the two per-channel gradient sums
+            channels = group.bias_bytes or group.param_bytes / 2
+            stats_s = (cost.all_reduce(channels + 4.0) + cost.all_reduce(channels)
+                       + cost.all_reduce(2 * channels))  # fmt: skip
+            stats_bytes = 4 * channels + 4.0
+        add("B", ins, "B", comm_s=grad_sync + stats_s, comm_bytes=params + stats_bytes,
+            act_div=p)  # fmt: skip
         add("R", ["R"] if n_in else [], "R")
         if kind == "batchnorm":
             add("F", ["F"], "F", flop_div=p, param_div=p, act_div=p)

@@ -7,9 +7,10 @@ this tiny model data parallelism beats replication). The patch convolution is a 
 operator, the CLS token and position embeddings a ``token_params`` operator, the classifier
 reads the ``[CLS]`` token and the loss is cross entropy on ``[batch, classes]`` logits. Without
 a budget the search picks data parallelism; at a budget between the data-parallel and the
-Megatron memory the Megatron plan (``q/k/v_proj`` and ``fc1`` column, ``o_proj`` and ``fc2``
-row, heads and GELU sharded; patch embedding, CLS token, position embeddings, LayerNorms,
-classifier and loss replicated), run by ShardFormer's ViT policy. Each trains STEPS steps from
+Megatron memory the ILP's per-operator plan (``mixed``, run by the graph executor); the
+Megatron plan (``q/k/v_proj`` and ``fc1`` column, ``o_proj`` and ``fc2`` row, heads and GELU
+sharded; patch embedding, CLS token, position embeddings, LayerNorms, classifier and loss
+replicated), built from its plan, runs with ShardFormer's ViT policy. Each trains STEPS steps from
 the same weights as a single process on the whole batch: the loss matches at every step, the
 gathered parameters at the end, and every parameter moved by more than 10x the parameter
 tolerance.
@@ -23,10 +24,13 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from kolossos.auto_parallel import CostModel, autoparallelize
+from kolossos.auto_parallel.apply_transformer import apply_family
 from kolossos.auto_parallel.module_graph import trace_operators
 from kolossos.auto_parallel.transformer_plan import family_plan
+from kolossos.auto_parallel.transformer_strategies import transformer_graph
 from kolossos.testing import distributed
 from kolossos.testing.parity import assert_run_matches, global_mean, snapshot
 
@@ -35,6 +39,10 @@ pytestmark = pytest.mark.dist
 BATCH, IMAGE, CLASSES, STEPS, LR = 16, 8, 5, 4, 1e-2
 TOL = 2e-5  # fp32; only the order of sums changes (gradient average, row-parallel sums)
 PARAM_TOL = 1e-5  # measured: every parameter within 5e-6 of one process's after 4 Adam steps
+# The mixed plan sums gradients in yet another order and Adam amplifies the rounding of small
+# gradient elements (measured 1.3e-5 on one element of a q_proj weight); its first-step
+# gradients are checked to 1e-6 in tests/parity/test_autoparallelize_graph_vision.py.
+MIXED_PARAM_TOL = 5e-5
 COST = {"flops_per_s": 1e9, "alpha": 1e-6, "beta": 1e-8}
 
 
@@ -88,13 +96,25 @@ def test_autoparallelize_vit_parity() -> None:
     dp_mem = family_plan("dp", groups, cost).memory
     tp_mem = family_plan("megatron", groups, cost).memory
     assert tp_mem < dp_mem
-    for family, budget in (("dp", None), ("megatron", (dp_mem + tp_mem) / 2)):
-        model = autoparallelize(copy.deepcopy(base), meta, memory_budget=budget, cost_model=cost)
+    # At the budget between the two the ILP's per-operator optimum (data parallel except a
+    # column-parallel patch convolution and one block's MLP in Megatron column/row) beats both
+    # families and runs through the graph executor; Megatron is built from its plan directly.
+    for family, budget in (("dp", None), ("mixed", (dp_mem + tp_mem) / 2), ("megatron", None)):
+        if family == "megatron":
+            graph = transformer_graph(groups, cost)
+            mesh = init_device_mesh("cpu", (2,))
+            plan = family_plan("megatron", groups, cost)
+            model = apply_family(copy.deepcopy(base), "megatron", plan, graph, mesh)
+        else:
+            model = autoparallelize(
+                copy.deepcopy(base), meta, memory_budget=budget, cost_model=cost
+            )
         assert model.family == family, (model.family, family)
         assert model.recompute is None
         if dist.get_rank() == 0:
             model.print_plan()
         losses = _train(model, pixels, labels, model.local_batch)
         reduced = [global_mean(x) if model.data_parallel else float(x) for x in losses]
+        atol = MIXED_PARAM_TOL if family == "mixed" else PARAM_TOL
         assert_run_matches(reduced, ref_losses, model.full_state_dict(), reference, before,
-                           loss_atol=TOL, param_atol=PARAM_TOL, label=family)  # fmt: skip
+                           loss_atol=TOL, param_atol=atol, label=family)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Planning (no execution) for the timm-style Bottleneck ResNet of
+"""Planning for the timm-style Bottleneck ResNet of
 ``test_auto_parallel_tracer_models`` with a cross-entropy loss, 2 ranks, no process group.
 
 The ATen graph groups into convolutions, BatchNorms, ReLUs (one operator per call of a block's
@@ -7,9 +7,8 @@ head and the loss; every FLOP and parameter byte lands in one operator. Convolut
 ``col`` / ``rep``, BatchNorms ``B`` / ``R`` / ``F`` (channels sharded), pools and ReLUs ``B`` /
 ``R`` / ``F``. The whole-graph ILP plans it: without a budget every convolution data parallel; at a
 budget below data parallelism's memory it shards some convolutions' output
-channels with their BatchNorms. Not executed: ``autoparallelize`` runs Hugging Face
-transformers and MLP chains only, and a ``B`` BatchNorm normalises with each rank's local batch
-statistics, which one process on the whole batch does not reproduce.
+channels with their BatchNorms. The graph executor runs these plans (BatchNorms under ``B``
+with synchronised statistics): ``tests/parity/test_autoparallelize_graph_vision.py``.
 """
 
 from __future__ import annotations
@@ -92,9 +91,9 @@ def test_resnet_strategies_and_ilp_plan() -> None:
     assert any(chosen[g.name] == "F" for g in groups if g.kind == "batchnorm")
 
 
-def test_resnet_is_not_executed() -> None:
-    """``autoparallelize`` takes a non-transformers model for an MLP chain, whose strategies do
-    not cover convolutions: it names the first (planning above is all there is for a ResNet)."""
+def test_resnet_is_not_a_chain() -> None:
+    """The MLP chain's strategies do not cover convolutions: ``build_chain`` names the first,
+    and ``autoparallelize`` then takes the operator-graph path (the graph executor)."""
     x = torch.empty(BATCH, 3, 32, 32, device="meta")
     with pytest.raises(
         UnsupportedOperatorError, match=r"node 'conv1' \(op call_module, operator Conv2d\)"
