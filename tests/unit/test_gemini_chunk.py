@@ -141,3 +141,79 @@ def test_gemini_ddp_trains_in_one_process() -> None:
         fresh.to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="missing keys"):
         fresh.load_state_dict({"0.weight": reference[0].weight})
+
+
+@pytest.mark.parametrize("shard_param_frac", [1.0, 0.0])
+def test_gradients_overwrite_the_payload_of_trainable_sharded_chunks(
+    shard_param_frac: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sharded chunk whose tensors are all trainable reduces its gradients from its own
+    payload; one with a frozen tensor, or kept gathered, from a buffer of its own. Training still
+    computes what plain AdamW computes, and the released payloads are re-made from the masters."""
+    from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
+    from kolossos.zero.gemini.chunk import Chunk
+
+    in_payload: dict[int, bool] = {}
+    reduce = Chunk.reduce
+
+    def spy(chunk: Chunk) -> None:
+        in_payload[chunk.chunk_id] = chunk.grad_payload is chunk.payload
+        reduce(chunk)
+
+    monkeypatch.setattr(Chunk, "reduce", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    reference = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    reference.load_state_dict(model.state_dict())
+    for net in (model, reference):
+        net[0].bias.requires_grad_(False)  # chunk 1 = [0.bias (frozen), 2.weight]
+    gemini = GeminiDDP(model, chunk_config_dict={"chunk_size": 80}, mixed_precision=torch.float32,
+                       shard_param_frac=shard_param_frac)  # fmt: skip
+    assert [[i.name for i in c.tensors] for c in gemini.chunk_manager] == [
+        ["0.weight"],
+        ["0.bias", "2.weight"],
+        ["2.bias"],
+    ]
+    trainable = [p for p in reference.parameters() if p.requires_grad]
+    opt = GeminiOptimizer(torch.optim.AdamW(gemini.parameters(), lr=0.1), gemini)
+    ref_opt = torch.optim.AdamW(trainable, lr=0.1)
+    x = torch.randn(5, 8)
+    for _ in range(3):
+        loss = gemini(x).pow(2).mean()
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        ref_loss = reference(x).pow(2).mean()
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(loss, ref_loss)
+    sharded = shard_param_frac == 1.0
+    assert in_payload == {0: sharded, 1: False, 2: sharded}
+    state = gemini.state_dict()
+    for name, p in reference.state_dict().items():
+        torch.testing.assert_close(state[name], p)
+
+
+def test_nothing_is_prefetched_over_the_loss() -> None:
+    """From the second iteration the next chunk is prefetched, in forward and in backward, but
+    at the end of forward only the chunk backward starts with is gathered (held): the chunk
+    backward needs next is fetched once backward has started, not beside the loss."""
+    from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
+    gemini = GeminiDDP(model, chunk_config_dict={"chunk_size": 72}, mixed_precision=torch.float32)
+    manager = gemini.chunk_manager
+    opt = GeminiOptimizer(torch.optim.AdamW(gemini.parameters(), lr=0.1), gemini)
+    x = torch.randn(5, 8)
+    for step in range(3):
+        loss = gemini(x).pow(2).mean()
+        if step:
+            assert [c.is_gathered for c in manager] == [False, False, True]
+        prefetched = manager.prefetches
+        opt.backward(loss)
+        assert manager.prefetches - prefetched == (2 if step else 0)  # chunks 1 and 0
+        opt.step()
+        opt.zero_grad()
+    assert gemini.hooks.order == [0, 1, 2, 1, 0] and gemini.hooks.forward_len == 3

@@ -6,9 +6,11 @@
   ``min_chunk_size_m`` = 32 Mi elements is one chunk). Per chunk of ``C`` elements a rank keeps
   its fp32 master and AdamW states (``12 C / N``); while the chunk is in use the full payload in
   the working dtype (``W C``) and, for fp16/bf16, a working copy of its shard (``W C / N``);
-  during backward a full gradient payload (``W C``) until the chunk's gradients are complete,
-  then an fp32 gradient shard (``4 C / N``) until the step. A tied LM head keeps the embedding's
-  chunk gathered, and its gradient payload open, from the head's use to the embedding's.
+  during backward its gradients are written over that payload (a kept-gathered chunk's into a
+  full gradient payload of their own, ``W C``) until they are complete, then an fp32 gradient
+  shard (``4 C / N``) until the step. A tied LM head keeps the embedding's chunk gathered, and
+  its gradients unreduced, from the head's use to the embedding's. From the end of forward to the
+  start of backward only the head's chunks are gathered (nothing is prefetched over the loss).
 * **FSDP2** shards fp32 parameters (``4 Ψ / N``), fp32 gradients (``4 Ψ / N``, reduced in fp32)
   and AdamW states; each block is a unit gathered in the working dtype for its forward and again
   for its backward (the next one prefetched), the root unit (embeddings, final norm, head) stays
@@ -92,36 +94,53 @@ def gemini_phases(layout: Layout, work: Workload, rank: RankModel) -> list[Phase
     gathered = w * in_use + (w * in_use / n if cache else 0.0)
     optim = 12.0 * psi / n
     keep: dict[str, float] = {"params": gathered, **({} if host_optim else {"optim": optim})}
+    # from the end of forward to backward's first use only the head's chunks stay gathered (a
+    # tied head's weight is in the first chunk; BERT's decoder bias, like an untied head, in the
+    # last); backward prefetches its next chunk once it starts
+    last = {len(chunks) - 1}
+    head = ({0} | (last if work.shape.family == "bert" else set())) if rank.tied_numel else last
+    held_chunks = sum(chunks[i] for i in head)
+    # (the working copies of the shards of every chunk forward used stay until their reduction)
+    at_loss = w * held_chunks + (w * psi / n if cache else 0.0) if layout.shard_params else gathered
     host: dict[str, float] = {"optim": optim} if host_optim else {}
     held, at_embed = tied_gradients(rank, w)
-    payload = w * biggest[0]  # the gradient payload of the chunk being filled
+    # the gradient payload of the chunk being filled: its own gathered payload when sharded
+    payload = 0.0 if layout.shard_params else w * biggest[0]
     # backward ends in the first chunk (the embeddings'): the others are reduced to shards
     first = chunks[0]
     first_gathered = w * first + (w * first / n if cache else 0.0) if layout.shard_params else 0.0
     end_params = first_gathered if layout.shard_params else gathered
     shards = 4.0 * psi / n  # fp32 gradient shards, from reduction to the step
     others = shards - 4.0 * first / n
+    payload_first = 0.0 if layout.shard_params else w * first
     # the reduce-scatter's output while the chunk's payload, and the gradient whose arrival
-    # completed the chunk (the hook's argument), are still alive
+    # completed the chunk (the hook's argument), are still alive; a low-precision output is then
+    # copied to the chunk's fp32 gradient shard (a kept-gathered chunk's own gradient payload is
+    # freed by then)
     reduce_tmp = w * first / n + w * rank.largest
+    made = 4.0 * first / n if w != 4 else 0.0
     dev_shards, host_shards = (0.0, shards) if host_optim else (shards, 0.0)
     dev_others, host_others = (0.0, others) if host_optim else (others, 0.0)
+    # at the reduction: (device grads, host grads)
+    reduce_grads = ((payload_first, others + made) if host_optim
+                    else (max(payload_first, made) + others, 0.0))  # fmt: skip
     on_host = host_optim or work.device == "cpu"
     stepping = step_temporaries([biggest[0] / n] if on_host else [c / n for c in chunks],
                                 "cpu" if on_host else "cuda")  # fmt: skip
     end_keep = {**keep, "params": end_params}
     return [
-        Phase("loss", {**keep, "activations": at.forward, "temporary": at.loss_temporary}, host),
+        Phase("loss", {**keep, "params": at_loss, "activations": at.forward,
+                       "temporary": at.loss_temporary}, host),
         Phase("head", {**keep, "activations": at.head, "temporary": w * rank.largest}, host),
         Phase("backward", {**keep, "grads": payload, "activations": at.inside,
                            "temporary": act.layer_transient + w * rank.layer_largest + held},
               host),
-        Phase("backward-end", {**end_keep, "grads": w * first + dev_others,
+        Phase("backward-end", {**end_keep, "grads": payload_first + dev_others,
                                "activations": at.end,
                                "temporary": max(at_embed, w * rank.largest)},
               {**host, "grads": host_others}),
-        Phase("reduce", {**end_keep, "grads": w * first + dev_others, "activations": at.end,
-                         "temporary": reduce_tmp}, {**host, "grads": host_others}),
+        Phase("reduce", {**end_keep, "grads": reduce_grads[0], "activations": at.end,
+                         "temporary": reduce_tmp}, {**host, "grads": reduce_grads[1]}),
         Phase("step", {**keep, "params": 0.0 if layout.shard_params else w * psi,
                        "grads": dev_shards, "temporary": 0.0 if host_optim else stepping},
               {**host, "grads": host_shards, "temporary": stepping if host_optim else 0.0}),

@@ -14,7 +14,9 @@
 During backward nothing is released before its gradients are reduced, so the recomputation of
 activation checkpointing finds its chunks still gathered (and backward finds the recomputation's
 chunks gathered): checkpointing adds no all-gather. After the first iteration the order of chunk
-accesses is known and the next chunk is prefetched with an asynchronous all-gather.
+accesses is known and the next chunk is prefetched with an asynchronous all-gather — but not
+across the end of forward: the first chunk backward gathers is fetched when backward starts, so
+it is not alive beside the logits and the loss, where the step peaks.
 
 Two more all-gathers are saved once the first iteration has recorded the accesses (``hold``, on
 by default; placements with a device budget turn it off so that the budget alone decides what
@@ -70,6 +72,7 @@ class GeminiHooks:
         self.iteration = 0
         self.moment = 0  # compute accesses in this iteration (the policy's clock)
         self.order: list[int] = []  # chunk access order of the first training iteration
+        self.forward_len = 0  # entries of ``order`` recorded by its forward
         self.last_forward_use: dict[int, int] = {}  # chunk id -> its last forward moment
         self.backward_first: set[int] = set()  # chunk ids of the first backward access
         self._cursor = 0
@@ -157,6 +160,8 @@ class GeminiHooks:
             return []
         if self._cursor + 1 >= len(self.order):
             return []
+        if self.phase is Phase.FORWARD and self._cursor + 1 >= self.forward_len:
+            return []  # backward's first chunk is fetched when backward starts, not over the loss
         nxt = self.manager.chunks[self.order[self._cursor + 1]]
         return [] if nxt.is_gathered or nxt in chunks else [nxt]
 
@@ -224,6 +229,8 @@ class GeminiHooks:
                 if info.state is TensorState.COMPUTE:  # a module raised before its post-hook
                     chunk.set_state(info, TensorState.HOLD_AFTER_FWD)
         backward_follows = torch.is_grad_enabled()
+        if self.iteration == 0:
+            self.forward_len = len(self.order)
         for chunk in list(self.manager.accessed_chunks):
             if not (backward_follows and self.hold and chunk.chunk_id in self.backward_first):
                 self.manager.release(chunk)  # the chunks backward starts with stay gathered

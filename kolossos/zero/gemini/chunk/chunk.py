@@ -12,6 +12,14 @@ Storage of one chunk of ``chunk_size`` elements (a multiple of the world size ``
 * ``grad_payload`` — the full gradient in the working dtype during backward, reduce-scattered
   into ``grad_shard`` (fp32, beside ``master``), where gradients accumulate until the optimizer
   steps (or ``zero_grad``).
+
+A sharded chunk whose tensors are all trainable writes its gradients over its own gathered
+payload (``grad_payload`` is ``payload``): a parameter's value is not read again in a backward
+once its gradient has arrived (autograd accumulates every use of it first), the master keeps the
+true value, and the chunk is released right after its reduction. That saves a chunk-sized buffer
+per backward and the page faults of touching a fresh one. Kept-gathered chunks (their payload
+outlives the step) and chunks with frozen tensors (whose values a later backward op may still
+read) write into a buffer of their own.
 """
 
 from __future__ import annotations
@@ -261,9 +269,10 @@ class Chunk:
         """Store ``grad / N`` of one tensor in the gradient payload; True once every trainable
         tensor of the chunk has its gradient (time to :meth:`reduce`)."""
         if self.grad_payload is None:  # the slots no gradient reaches are zeroed in reduce
-            self.grad_payload = torch.empty(
+            own = self.payload if self.grads_in_payload else None
+            self.grad_payload = own if own is not None else torch.empty(
                 self.chunk_size, dtype=self.dtype, device=self.compute_device
-            )
+            )  # fmt: skip
         slot = self.grad_payload[info.offset : info.offset + info.numel].view(info.shape)
         info.has_grad = True
         if info.state is TensorState.READY_FOR_REDUCE:
@@ -272,6 +281,17 @@ class Chunk:
             torch.div(grad, self.world_size, out=slot)
             self.set_state(info, TensorState.READY_FOR_REDUCE)
         return self.states[TensorState.READY_FOR_REDUCE] == self.n_trainable
+
+    @property
+    def grads_in_payload(self) -> bool:
+        """Gradients are written over the gathered payload (module doc): sharded, gathered, not
+        being gathered, and every tensor trainable."""
+        return (
+            not self.keep_gathered
+            and self.payload is not None
+            and self._pending is None
+            and self.n_trainable == len(self.tensors)
+        )
 
     def reduce(self) -> None:
         """Reduce-scatter the gradient payload and add this rank's part to ``grad_shard``
