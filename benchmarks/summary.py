@@ -56,6 +56,19 @@ def _load(paths: list[Path]) -> list[dict[str, Any]]:
     return rows
 
 
+def _run_label(rows: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """(file, suite) -> the ``run`` label: the file's stem, with the suite in parentheses when
+    the file holds several suites (``deepspeed fsdp`` jobs both have a ``fsdp2`` row)."""
+    suites: dict[str, set[str]] = {}
+    for row in rows:
+        suites.setdefault(row["_file"], set()).add(row["suite"])
+    return {
+        (file, suite): Path(file).stem if len(names) == 1 else f"{Path(file).stem} ({suite})"
+        for file, names in suites.items()
+        for suite in names
+    }
+
+
 def _peak(row: dict[str, Any]) -> float:
     return float(max(row["memory"]["peak_per_rank"])) / MiB
 
@@ -74,7 +87,8 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
     jobs: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for row in rows:
         jobs.setdefault((row["_file"], row["suite"], row["model"]), {})[row["name"]] = row
-    for (file, _, model), by_name in jobs.items():
+    labels = _run_label(rows)
+    for (file, suite, model), by_name in jobs.items():
         for name, bases in BASELINES.items():
             mine = by_name.get(name)
             if mine is None:
@@ -89,7 +103,7 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
                 speed = _paired(row["slots"]["throughput"], ref["slots"]["throughput"])
                 cost = _paired(ref["slots"]["cpu_per_unit"], row["slots"]["cpu_per_unit"])
                 lines.append(
-                    f"| {Path(file).stem} | {row['world_size']} | {model} | {name} | {base} | "
+                    f"| {labels[file, suite]} | {row['world_size']} | {model} | {name} | {base} | "
                     f"{_fmt(speed)} | "
                     f"{_fmt(cost)} | {_peak(row):.0f} ({_peak(ref):.0f}) |"
                 )
@@ -134,17 +148,18 @@ def write_plot(path: Path, rows: list[dict[str, Any]], scaling: list[dict[str, A
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     labels, values, errors = [], [], []
-    jobs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    jobs: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for entry in rows:
-        jobs.setdefault((entry["_file"], entry["model"]), {})[entry["name"]] = entry
-    for by_name in jobs.values():
+        jobs.setdefault((entry["_file"], entry["suite"], entry["model"]), {})[entry["name"]] = entry
+    run_labels = _run_label(rows)
+    for (file, suite, _), by_name in jobs.items():
         for name, bases in BASELINES.items():
             for base in bases:
                 row, ref = by_name.get(name), by_name.get(base)
                 if row is None or ref is None:
                     continue
                 r = _paired(row["slots"]["throughput"], ref["slots"]["throughput"])
-                labels.append(f"{name.removeprefix('kolossos-')}/{base}\n{row['_file']}")
+                labels.append(f"{name.removeprefix('kolossos-')}/{base}\n{run_labels[file, suite]}")
                 values.append(r["median"])
                 errors.append((r["median"] - r["p10"], r["p90"] - r["median"]))
     ax1.bar(range(len(values)), values, yerr=list(zip(*errors, strict=True)) if errors else None,

@@ -46,6 +46,18 @@ def test_ratio_and_scaling_tables(tmp_path: Path) -> None:
     assert "### Scaling" in out.read_text()
 
 
+def test_run_label_names_the_suite_when_a_file_holds_several() -> None:
+    rows = []
+    for suite in ("deepspeed", "fsdp"):
+        for name, cpu in (("kolossos-gemini", 1.0), ("fsdp2", 1.2)):
+            row = _row(name, 2, [10.0, 10.0], [cpu, cpu], 2**20)
+            rows.append({**row, "suite": suite, "_file": "both.json"})
+    table = ratio_table(rows)
+    assert "| both (deepspeed) | 2 | gpt2-tiny | kolossos-gemini | fsdp2 |" in table
+    assert "| both (fsdp) | 2 | gpt2-tiny | kolossos-gemini | fsdp2 |" in table
+    assert "| both | " not in table
+
+
 def test_operator_categories() -> None:
     assert classify("Optimizer.step#Adam.step") == "optim"
     assert classify("c10d::allreduce_") == "comm"
