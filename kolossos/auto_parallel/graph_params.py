@@ -113,7 +113,7 @@ def param_use(
             return ParamUse("S", dim, chunks())
         if role == "row":
             return ParamUse("S", 0 if conv1d else 1) if weight else ParamUse("R")
-        return ParamUse("B" if role == "dp" else "R")
+        return ParamUse("B" if role in ("dp", "sp") else "R")
     if group.kind == "embedding":
         return ParamUse("S", 0) if role == "vocab" else ParamUse("B" if role == "dp" else "R")
     if group.kind == "conv":
@@ -135,7 +135,7 @@ def param_use(
             f"node {node.name!r} ({node.target}) of operator {group.name!r} reads parameter "
             f"{placeholder!r} under a feature-sharded layout; no sharded form exists."
         )
-    return ParamUse("B" if layout == "B" else "R")
+    return ParamUse("B" if layout in ("B", "Q") else "R")  # Q: each rank its tokens' share
 
 
 def store_parameters(

@@ -28,6 +28,7 @@ from kolossos.auto_parallel.shard_dims import (
     feature_source,
     node_shape,
     propagate_dims,
+    sequence_sources,
 )
 from kolossos.auto_parallel.strategies import Strategy, UnsupportedOperatorError
 
@@ -95,6 +96,7 @@ class GraphRewriter:
         self.dims = {
             "B": propagate_dims(self.old, sources_b),
             "F": propagate_dims(self.old, {k: d for k, d in sources_f.items() if d is not None}),
+            "Q": propagate_dims(self.old, sequence_sources(self.old, inputs)),
         }
         self.new = fx.Graph()
         self.env: dict[str, fx.Node] = {}
@@ -256,15 +258,22 @@ class GraphRewriter:
             )
         return self.converted[key]
 
+    @staticmethod
+    def _aligned_dim(a: fx.Node, node: fx.Node, out_dim: int) -> int | None:
+        """The dimension of ``a`` that spans ``node``'s sharded output dimension when the two
+        are aligned on the right (broadcasting), at the full size; ``None`` if it broadcasts."""
+        shape, out = node_shape(a), node_shape(node)
+        if shape is None or out is None:
+            return None
+        d = out_dim - (len(out) - len(shape))
+        return d if 0 <= d < len(shape) and shape[d] == out[out_dim] > 1 else None
+
     def _constant(self, a: fx.Node, node: fx.Node, layout: str, out_dim: int | None) -> fx.Node:
         """A constant (a mask built from positions) read by a sharded node: its slice where it
         spans the node's sharded dimension, the whole where it broadcasts."""
         value = self.env[a.name]
-        shape, out = node_shape(a), node_shape(node)
-        if layout == "R" or out_dim is None or shape is None or out is None:
-            return value
-        d = out_dim - (len(out) - len(shape))
-        if 0 <= d < len(shape) and shape[d] == out[out_dim] and shape[d] > 1:
+        d = None if layout == "R" or out_dim is None else self._aligned_dim(a, node, out_dim)
+        if d is not None:
             key: tuple[str, Kind, int | None] = (a.name, "S", d)
             if key not in self.converted:
                 self.converted[key] = self.new.call_function(
@@ -331,7 +340,11 @@ class GraphRewriter:
             want = strategy.input_layout(group.inputs.index(src))
             if want == "R" and role == "col" and matmul:
                 return self._edge(a, "P", None)  # Megatron's f: all-reduce in backward
-            return self._edge(a, *self._kind(want, a.name))
+            kind, dim = self._kind(want, a.name)
+            if kind == "P" and out_dim is not None:
+                dim = self._aligned_dim(a, node, out_dim)  # a position embedding under Q
+                kind = "S" if dim is not None else "P"
+            return self._edge(a, kind, dim)
 
         shape = node_shape(node)
         if out_dim is not None and shape is not None:

@@ -36,6 +36,7 @@ import torch
 from torch import fx, nn
 
 from kolossos.auto_parallel.saved_activations import saved_activation_bytes
+from kolossos.auto_parallel.shard_dims import propagate_dims, sequence_sources
 from kolossos.auto_parallel.strategies import UnsupportedOperatorError
 from kolossos.auto_parallel.traced_graph import TracedGraph
 from kolossos.auto_parallel.tracer import ColoTracer
@@ -88,6 +89,10 @@ class OperatorGroup:
     """ATen operators in the group, views included (each pays the dispatch cost)."""
     shared_bytes: float = 0.0
     """Bytes of parameters read here but owned by an earlier operator (a tied weight)."""
+    seq_ok: bool = False
+    """Every node keeps the sequence axis as its own dimension (no flatten of batch and
+    sequence into rows, as GPT-2's ``Conv1D`` does): the operator may run sequence-sharded
+    (layout ``Q``)."""
     tied_to: str = ""
     """The operator owning the shared weight (``transformer.wte`` for GPT-2's ``lm_head``)."""
     out_bytes: float = 0.0
@@ -275,6 +280,10 @@ def build_module_graph(
             if target is not None:
                 constant_to[node.name] = target
                 groups[target].ops += 1
+    seq = propagate_dims(graph, sequence_sources(graph, data_inputs))
+    for group in groups.values():
+        shaped = [n for n in group.nodes if info[n].shapes]
+        group.seq_ok = bool(shaped) and all(seq.get(n) is not None for n in shaped)
     ordered = list(groups.values())
     for group in ordered:
         if group.out_bytes == 0.0 and group.nodes:

@@ -37,6 +37,7 @@ __all__ = [
     "feature_source",
     "node_shape",
     "propagate_dims",
+    "sequence_sources",
     "view_dim",
 ]
 
@@ -199,3 +200,10 @@ def propagate_dims(graph: fx.Graph, sources: Mapping[str, int | None]) -> dict[s
         if node.op == "call_function" and node.name not in dims:
             dims[node.name] = _rule(node, dims)
     return dims
+
+
+def sequence_sources(graph: fx.Graph, inputs: Iterable[str]) -> dict[str, int | None]:
+    """Where the sequence axis starts: dimension 1 of every user input of at least 2
+    dimensions (``input_ids [batch, seq]``)."""
+    nodes = {n.name: n for n in graph.nodes}
+    return {i: 1 if len(node_shape(nodes[i]) or ()) >= 2 else None for i in inputs}

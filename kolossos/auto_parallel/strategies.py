@@ -5,7 +5,10 @@ brackets, for a 2-d activation ``[batch, features]`` on mesh axis 0):
 
 * ``"B"`` — batch-sharded, ``[S0, R]`` (data parallel);
 * ``"R"`` — replicated, ``[R, R]``;
-* ``"F"`` — feature-sharded, ``[R, S0]`` (between a Megatron column and row linear).
+* ``"F"`` — feature-sharded, ``[R, S0]`` (between a Megatron column and row linear);
+
+and for a transformer's ``[batch, seq, hidden]`` activations a fourth, ``"Q"`` —
+sequence-sharded, ``[R, S0, R]`` (:mod:`~kolossos.auto_parallel.transformer_strategies`).
 
 Each operator of a traced chain gets a list of :class:`Strategy` objects: an input layout, an
 output layout, and its predicted cost per rank — compute time (forward + backward FLOPs at the
@@ -38,7 +41,7 @@ __all__ = [
     "strategies_for",
 ]
 
-Layout = Literal["B", "R", "F"]
+Layout = Literal["B", "R", "F", "Q"]
 OpKind = Literal["linear", "elementwise", "layernorm"]
 
 # Adam in fp32: the parameter, its gradient, exp_avg and exp_avg_sq.

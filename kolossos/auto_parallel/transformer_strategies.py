@@ -30,7 +30,14 @@ all-reduce buffer):
   (heads / features / channels sharded), compute divided by ``P`` when sharded;
 * ``add`` (residual): both inputs and the output in one layout;
 * ``loss`` (sink): logits and labels ``B`` or ``R``, or ``F`` logits (vocabulary-parallel cross
-  entropy, three small all-reduces per step) with ``R`` labels.
+  entropy, three small all-reduces per step) with ``R`` labels;
+* sequence-sharded ``Q`` (each rank a contiguous part of the sequence, every batch row) for
+  operators that keep the sequence as its own dimension (``OperatorGroup.seq_ok``: LLaMA's
+  ``nn.Linear`` on ``[batch, seq, hidden]``, not GPT-2's ``Conv1D``, which flattens batch and
+  sequence into rows): ``linear`` ``sp`` (Q→Q, weights whole, gradient all-reduce like
+  ``dp``), ``layernorm`` ``Q`` (the same), ``elementwise``/``add`` ``Q``; attention is never
+  ``Q`` (it reads every key). A layout change to or from ``Q`` is priced as any other
+  (``reshard_cost``: all-gather to ``R``, all-to-all to ``B``/``F``).
 
 Activation bytes are what the operator's nodes keep alive for backward (see
 :mod:`~kolossos.auto_parallel.saved_activations`), divided by ``P`` in a sharded layout.
@@ -130,7 +137,7 @@ def _strategies(group: OperatorGroup, cost: CostModel) -> list[Strategy]:
         step = cost.optimizer(group.param_tensors, held) if held else 0.0
         # End of backward: parameter, gradient, two Adam states; under data parallelism also
         # the gradient's place in the flat all-reduce buffer.
-        flat = held if name in ("dp", "B") and cost.world_size > 1 else 0.0
+        flat = held if name in ("dp", "B", "sp", "Q") and cost.world_size > 1 else 0.0
         result.append(
             Strategy(
                 name=name,
@@ -180,6 +187,8 @@ def _strategies(group: OperatorGroup, cost: CostModel) -> list[Strategy]:
             add("row", ["F"], "R", flop_div=p, comm_s=cost.all_reduce(out), comm_bytes=out,
                 param=weight / p + group.bias_bytes)  # fmt: skip
         add("rep", ["R"], "R")
+        if kind == "linear" and group.seq_ok:  # tokens split by sequence, weights whole
+            add("sp", ["Q"], "Q", flop_div=p, comm_s=grad_sync, comm_bytes=synced, act_div=p)
     elif kind in ("layernorm", "token_params", "batchnorm"):
         ins: list[Layout] = ["B"] if n_in else []
         stats_s = stats_bytes = 0.0
@@ -193,10 +202,14 @@ def _strategies(group: OperatorGroup, cost: CostModel) -> list[Strategy]:
         add("B", ins, "B", comm_s=grad_sync + stats_s, comm_bytes=params + stats_bytes,
             act_div=p)  # fmt: skip
         add("R", ["R"] if n_in else [], "R")
+        if kind == "layernorm" and group.seq_ok:
+            add("Q", ["Q"], "Q", comm_s=grad_sync, comm_bytes=params, act_div=p)
         if kind == "batchnorm":
             add("F", ["F"], "F", flop_div=p, param_div=p, act_div=p)
     elif kind in ("attention", "elementwise", "add"):
-        for layout in ("B", "R", "F"):
+        # token-wise operators may also run sequence-sharded; attention reads every key
+        seq: tuple[Layout, ...] = ("Q",) if group.seq_ok and kind != "attention" else ()
+        for layout in ("B", "R", "F", *seq):
             div = 1.0 if layout == "R" else p
             add(layout, [layout] * max(n_in, 1), layout, flop_div=div, act_div=div)
     elif kind == "loss":

@@ -17,6 +17,11 @@ exercise a different part of the executor:
   position embedding data parallel read by a replicated add, the attention heads sharded
   while ``c_attn`` is replicated (R -> F slices), the MLP batch-sharded between replicated
   operators, the loss batch-sharded;
+* ``seq_mix``: sequence-sharded (``Q``) wherever the operator allows it — LLaMA's residual
+  stream, RMSNorms, MLP and head (``sp``: whole weights, each rank its part of the sequence);
+  GPT-2's residual adds and final layer norm, whose ``Conv1D`` flattens batch and sequence —
+  with attention and the loss replicated (the position embedding is sliced by sequence where
+  a sequence-sharded add reads it);
 * ``ilp``: the ILP's own optimum at a budget below the data-parallel memory.
 
 Each trains from the same weights as a single process on the whole batch: the first step's
@@ -123,20 +128,31 @@ def _tied_mix(group: OperatorGroup, megatron: set[str]) -> set[str]:
     return {"B", "dp"} if last == "lm_head" else {"R", "rep"}
 
 
+def _seq_mix(group: OperatorGroup, megatron: set[str]) -> set[str]:
+    """Sequence-sharded (``Q``) wherever the operator allows it, attention and the loss
+    replicated: the residual stream, norms, MLP (and LLaMA's head) split by sequence."""
+    if group.seq_ok and group.kind in ("layernorm", "elementwise", "add"):
+        return {"Q"}
+    if group.seq_ok and group.kind == "linear" and ".self_attn." not in group.path:
+        return {"sp"}
+    return {"R", "rep"}
+
+
 PICKERS: dict[str, Callable[[OperatorGroup, set[str]], set[str]]] = {
     "dp": lambda group, megatron: {"B", "dp"},
     "megatron": lambda group, megatron: megatron,
     "block_mix": _block_mix,
     "tied_mix": _tied_mix,
+    "seq_mix": _seq_mix,
 }
 
 
 @pytest.mark.parametrize(
     ("kind", "world_size", "plans"),
     [
-        ("gpt2", 2, ["dp", "megatron", "block_mix", "tied_mix", "ilp"]),
-        ("gpt2", 4, ["megatron", "block_mix", "tied_mix", "ilp"]),
-        ("llama", 2, ["megatron", "ilp"]),
+        ("gpt2", 2, ["dp", "megatron", "block_mix", "tied_mix", "seq_mix", "ilp"]),
+        ("gpt2", 4, ["megatron", "block_mix", "tied_mix", "seq_mix", "ilp"]),
+        ("llama", 2, ["megatron", "seq_mix", "ilp"]),
     ],
 )
 @distributed()
@@ -170,6 +186,9 @@ def test_graph_plans_train_like_one_process(kind: str, world_size: int, plans: l
                 wanted = PICKERS[name](group, meg)
                 picks.append(next(i for i, s in enumerate(node.strategies) if s.name in wanted))
             plan = evaluate(graph, picks, cost)
+        if name == "seq_mix":
+            used = {s.name for s in plan.strategies}
+            assert "Q" in used and ("sp" in used) == (kind == "llama"), used
         model = apply_graph_plan(copy.deepcopy(base), meta, groups, plan, graph, mesh)
         if dist.get_rank() == 0:
             model.print_plan()

@@ -117,3 +117,30 @@ def test_broadcast_tensor_pays_its_gradient_sum() -> None:
     assert edge_cost("B", "R", 4096.0, cost, into_sink=False, no_batch=True)[0] == 0.0
     groups = trace_operators(_gpt2(), _samples())
     assert transformer_graph(groups, cost)["transformer.wpe"].no_batch
+
+
+def test_sequence_layout_offered_where_the_sequence_stays_a_dimension() -> None:
+    import transformers as tf
+
+    cost = CostModel(world_size=2, **COST)
+    gpt2 = {g.name: g for g in trace_operators(_gpt2(), _samples())}
+    # Conv1D flattens batch and sequence into rows: its layer norms' views and matmuls lose
+    # the sequence axis; the residual adds keep it
+    assert not gpt2["transformer.h.0.ln_1"].seq_ok
+    assert not gpt2["transformer.h.0.attn.c_attn"].seq_ok
+    assert gpt2["transformer.h.0.add"].seq_ok
+    graph = transformer_graph(list(gpt2.values()), cost)
+    assert "Q" in {s.name for s in graph["transformer.h.0.add"].strategies}
+    assert "sp" not in {s.name for s in graph["transformer.h.0.mlp.c_fc"].strategies}
+    config = tf.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                            num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                            use_cache=False, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    llama = trace_operators(tf.LlamaForCausalLM(config), _samples())
+    graph = transformer_graph(llama, cost)
+    names = {n.name: {s.name for s in n.strategies} for n in graph.nodes}
+    assert "sp" in names["model.layers.0.mlp.up_proj"]
+    assert "Q" in names["model.layers.0.input_layernorm"]
+    assert "Q" not in names["model.layers.0.self_attn.attention"]  # it reads every key
+    sp = next(s for s in graph["model.layers.0.mlp.up_proj"].strategies if s.name == "sp")
+    dp = next(s for s in graph["model.layers.0.mlp.up_proj"].strategies if s.name == "dp")
+    assert (sp.compute_s, sp.comm_s, sp.memory) == (dp.compute_s, dp.comm_s, dp.memory)
