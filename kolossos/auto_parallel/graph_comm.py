@@ -39,6 +39,7 @@ __all__ = [
     "Kind",
     "batch_cross_entropy",
     "constant_part",
+    "gather_sequence",
     "relayout",
     "row_matmul",
     "scale_grad",
@@ -118,6 +119,13 @@ def relayout(
     if src == "P" and dst == "R":
         return scale_grad(x, 1.0 / world)
     return x
+
+
+def gather_sequence(x: torch.Tensor, dim: int, group: ProcessGroup) -> torch.Tensor:
+    """Every rank's part of the sequence along ``dim`` forward; backward each rank's
+    gradients of the whole summed and scattered back (keys and values of a
+    sequence-sharded attention)."""
+    return gather_seq_reduce_scatter_grad(x, group, dim)
 
 
 def constant_part(x: torch.Tensor, dim: int, group: ProcessGroup) -> torch.Tensor:

@@ -383,6 +383,8 @@ class GraphRewriter:
                 "BatchNorm runs as aten.batch_norm (synchronised statistics) only; export the "
                 "model without decompositions."
             )
+        elif base == "scaled_dot_product_attention" and layout == "Q" and self.world > 1:
+            out = self._sequence_attention(node, args, kwargs)
         elif base in _LOSSES and role in ("B", "F"):
             fn = graph_comm.batch_cross_entropy if role == "B" else graph_comm.vocab_cross_entropy
             rest = list(args[2:]) + [None, 1, -100, 0.0][len(args) - 2 :]
@@ -391,6 +393,30 @@ class GraphRewriter:
             args = self._localize(node, args, layout, out_dim)
             out = self.new.call_function(node.target, args, kwargs)  # type: ignore[arg-type]
         self.env[node.name] = out
+
+    def _sequence_attention(
+        self, node: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> fx.Node:
+        """Attention of this rank's queries (a part of the sequence) over every key: keys and
+        values all-gathered along the sequence (their gradients reduce-scattered back); an
+        explicit mask is sliced to the rank's query rows like any constant."""
+        is_causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
+        if is_causal:
+            raise UnsupportedOperatorError(
+                f"node {node.name!r} ({node.target}) uses is_causal=True, which aligns the mask "
+                "to the first query; a sequence-sharded attention needs an explicit mask."
+            )
+        keys, values = node.args[1], node.args[2]
+        assert isinstance(keys, fx.Node) and isinstance(values, fx.Node)
+        k_dim, v_dim = self.dims["Q"].get(keys.name), self.dims["Q"].get(values.name)
+        if k_dim is None or v_dim is None:
+            raise UnsupportedOperatorError(
+                f"node {node.name!r}: keys or values without a sequence dimension under Q."
+            )
+        k = self._fn(graph_comm.gather_sequence, args[1], k_dim)
+        v = self._fn(graph_comm.gather_sequence, args[2], v_dim)
+        call_args = (args[0], k, v, *args[3:])
+        return self.new.call_function(node.target, call_args, kwargs)  # type: ignore[arg-type]
 
     def _fn(self, fn: Callable[..., Any], *args: Any) -> fx.Node:
         return self.new.call_function(_bind(fn, group=self.group), args)

@@ -35,9 +35,11 @@ all-reduce buffer):
   operators that keep the sequence as its own dimension (``OperatorGroup.seq_ok``: LLaMA's
   ``nn.Linear`` on ``[batch, seq, hidden]``, not GPT-2's ``Conv1D``, which flattens batch and
   sequence into rows): ``linear`` ``sp`` (Q→Q, weights whole, gradient all-reduce like
-  ``dp``), ``layernorm`` ``Q`` (the same), ``elementwise``/``add`` ``Q``; attention is never
-  ``Q`` (it reads every key). A layout change to or from ``Q`` is priced as any other
-  (``reshard_cost``: all-gather to ``R``, all-to-all to ``B``/``F``).
+  ``dp``), ``layernorm`` ``Q`` (the same), ``elementwise``/``add`` ``Q``, ``attention`` ``Q``
+  (this rank's queries over every key: keys and values all-gathered along the sequence
+  forward and their gradients reduce-scattered backward, priced as two all-gathers of two
+  thirds of the bytes it reads — q, k and v of one size). A layout change to or from ``Q`` is
+  priced as any other (``reshard_cost``: all-gather to ``R``, all-to-all to ``B``/``F``).
 
 Activation bytes are what the operator's nodes keep alive for backward (see
 :mod:`~kolossos.auto_parallel.saved_activations`), divided by ``P`` in a sharded layout.
@@ -207,11 +209,14 @@ def _strategies(group: OperatorGroup, cost: CostModel) -> list[Strategy]:
         if kind == "batchnorm":
             add("F", ["F"], "F", flop_div=p, param_div=p, act_div=p)
     elif kind in ("attention", "elementwise", "add"):
-        # token-wise operators may also run sequence-sharded; attention reads every key
-        seq: tuple[Layout, ...] = ("Q",) if group.seq_ok and kind != "attention" else ()
-        for layout in ("B", "R", "F", *seq):
+        for layout in ("B", "R", "F"):
             div = 1.0 if layout == "R" else p
             add(layout, [layout] * max(n_in, 1), layout, flop_div=div, act_div=div)
+        if group.seq_ok:  # token-wise operators, and attention over all-gathered keys
+            kv = 2.0 / 3.0 * sum(group.in_bytes.values()) if kind == "attention" else 0.0
+            kv_s = 2 * cost.all_gather(kv) if kv and p > 1 else 0.0
+            add("Q", ["Q"] * max(n_in, 1), "Q", flop_div=p, act_div=p, comm_s=kv_s,
+                comm_bytes=2 * kv)  # fmt: skip
     elif kind == "loss":
         latency = cost.alpha if cost.world_size > 1 else 0.0
         add("B", ["B", "B"], "B", act_div=p, comm_s=latency)

@@ -17,11 +17,12 @@ exercise a different part of the executor:
   position embedding data parallel read by a replicated add, the attention heads sharded
   while ``c_attn`` is replicated (R -> F slices), the MLP batch-sharded between replicated
   operators, the loss batch-sharded;
-* ``seq_mix``: sequence-sharded (``Q``) wherever the operator allows it — LLaMA's residual
-  stream, RMSNorms, MLP and head (``sp``: whole weights, each rank its part of the sequence);
-  GPT-2's residual adds and final layer norm, whose ``Conv1D`` flattens batch and sequence —
-  with attention and the loss replicated (the position embedding is sliced by sequence where
-  a sequence-sharded add reads it);
+* ``seq_mix``: sequence-sharded (``Q``) wherever the operator allows it — for LLaMA every
+  operator but the embedding and the loss (``sp`` linears: whole weights, each rank its part
+  of the sequence; attention of this rank's queries over all-gathered keys and values); for
+  GPT-2, whose ``Conv1D`` flattens batch and sequence, the residual adds and final layer norm
+  (the position embedding is sliced by sequence where a sequence-sharded add reads it) — the
+  rest replicated;
 * ``ilp``: the ILP's own optimum at a budget below the data-parallel memory.
 
 Each trains from the same weights as a single process on the whole batch: the first step's
@@ -129,11 +130,12 @@ def _tied_mix(group: OperatorGroup, megatron: set[str]) -> set[str]:
 
 
 def _seq_mix(group: OperatorGroup, megatron: set[str]) -> set[str]:
-    """Sequence-sharded (``Q``) wherever the operator allows it, attention and the loss
-    replicated: the residual stream, norms, MLP (and LLaMA's head) split by sequence."""
-    if group.seq_ok and group.kind in ("layernorm", "elementwise", "add"):
+    """Sequence-sharded (``Q``) wherever the operator allows it (LLaMA: every operator but the
+    embedding and the loss, attention over all-gathered keys; GPT-2: the residual adds and the
+    final layer norm), the rest replicated."""
+    if group.seq_ok and group.kind in ("layernorm", "elementwise", "add", "attention"):
         return {"Q"}
-    if group.seq_ok and group.kind == "linear" and ".self_attn." not in group.path:
+    if group.seq_ok and group.kind == "linear":
         return {"sp"}
     return {"R", "rep"}
 
@@ -189,6 +191,11 @@ def test_graph_plans_train_like_one_process(kind: str, world_size: int, plans: l
         if name == "seq_mix":
             used = {s.name for s in plan.strategies}
             assert "Q" in used and ("sp" in used) == (kind == "llama"), used
+            attention = [g.name for g in groups if g.kind == "attention"]
+            assert all(
+                (plan.strategies[plan.nodes.index(a)].name == "Q") == (kind == "llama")
+                for a in attention
+            )
         model = apply_graph_plan(copy.deepcopy(base), meta, groups, plan, graph, mesh)
         if dist.get_rank() == 0:
             model.print_plan()

@@ -140,7 +140,12 @@ def test_sequence_layout_offered_where_the_sequence_stays_a_dimension() -> None:
     names = {n.name: {s.name for s in n.strategies} for n in graph.nodes}
     assert "sp" in names["model.layers.0.mlp.up_proj"]
     assert "Q" in names["model.layers.0.input_layernorm"]
-    assert "Q" not in names["model.layers.0.self_attn.attention"]  # it reads every key
+    attention = graph["model.layers.0.self_attn.attention"]
+    q = next(s for s in attention.strategies if s.name == "Q")  # over all-gathered keys
+    b = next(s for s in attention.strategies if s.name == "B")
+    assert q.compute_s == b.compute_s and q.comm_s > b.comm_s == 0.0
+    gpt2_graph = transformer_graph(list(gpt2.values()), cost)
+    assert "Q" not in {s.name for s in gpt2_graph["transformer.h.0.attn.attention"].strategies}
     sp = next(s for s in graph["model.layers.0.mlp.up_proj"].strategies if s.name == "sp")
     dp = next(s for s in graph["model.layers.0.mlp.up_proj"].strategies if s.name == "dp")
     assert (sp.compute_s, sp.comm_s, sp.memory) == (dp.compute_s, dp.comm_s, dp.memory)
