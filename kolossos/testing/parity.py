@@ -176,11 +176,13 @@ def assert_run_matches(
     loss_atol: float,
     param_atol: float,
     label: str = "",
+    exclude: Iterable[str] = (),
 ) -> None:
     """A parallel run trained the same model as its single-process ``reference``: every step's
     loss (already averaged over data-parallel ranks) within ``loss_atol``, every parameter of
     ``reference`` equal by name in ``params`` (gathered to full size) within ``param_atol``, and
-    training moved them far more than ``param_atol`` (:func:`assert_moved` against ``before``)."""
+    training moved them far more than ``param_atol`` (:func:`assert_moved` against ``before``;
+    ``exclude`` names parameters whose true gradient is zero, which are only compared)."""
     for step, (got, want) in enumerate(zip(losses, ref_losses, strict=True)):
         assert abs(float(got) - float(want)) <= loss_atol, (label, step, float(got), float(want))
     trained = _named(params)
@@ -189,7 +191,7 @@ def assert_run_matches(
         torch.testing.assert_close(
             trained[name], want.detach(), atol=param_atol, rtol=0, msg=prefix.__add__
         )
-    assert_moved(before, trained, atol=param_atol)
+    assert_moved(before, trained, atol=param_atol, exclude=exclude)
 
 
 def train_causal_lm(
