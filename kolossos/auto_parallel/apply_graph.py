@@ -264,8 +264,9 @@ def apply_graph_plan(
     )
     new_graph, params, specs, constants = rewriter.rewrite()
     holder = nn.Module()
-    for attr, tensor in params.items():
-        holder.register_parameter(attr, nn.Parameter(tensor))
+    for attr, tensor in params.items():  # the model's own parameter objects where whole
+        param = tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor)
+        holder.register_parameter(attr, param)
     for attr, tensor in constants.items():
         holder.register_buffer(attr, tensor)
     gm = fx.GraphModule(holder, new_graph)
