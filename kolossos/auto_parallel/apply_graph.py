@@ -42,11 +42,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import fx, nn
-from torch.autograd import Variable
 from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
 from torch.utils._pytree import tree_unflatten
 
 from kolossos.auto_parallel import graph_comm
+from kolossos.auto_parallel.grad_sync import reduce_gradients_after_backward
 from kolossos.auto_parallel.graph_params import ParamSpec
 from kolossos.auto_parallel.graph_rewrite import GraphRewriter
 from kolossos.auto_parallel.module_graph import OperatorGroup, build_module_graph
@@ -117,7 +117,7 @@ class AutoParallelGraph(nn.Module):
         self._out_spec = program.call_spec.out_spec
         self._summed = [graph_module.get_parameter(s.attr) for s in specs.values() if s.summed]
         if self._summed and mesh.size() > 1:
-            _sum_gradients(self._summed, mesh.get_group())
+            reduce_gradients_after_backward(self._summed, mesh.get_group(), average=False)
 
     @property
     def data_parallel(self) -> bool:
@@ -180,33 +180,6 @@ class AutoParallelGraph(nn.Module):
     def print_plan(self) -> None:
         """Print :meth:`explain`."""
         print(self.explain())
-
-
-def _sum_gradients(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
-    """At the end of each backward, sum ``params``' gradients over ``group`` in one flat
-    all-reduce (each rank's is its share: its batch rows, its slice of a tied weight)."""
-    queued = [False]
-
-    def finish() -> None:
-        queued[0] = False
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    def hook(_: torch.Tensor) -> None:
-        if not queued[0]:
-            queued[0] = True
-            Variable._execution_engine.queue_callback(finish)
-
-    for param in params:
-        param.register_post_accumulate_grad_hook(hook)
 
 
 def _agreed(plan: DagPlan, graph: ShardingGraph, group: dist.ProcessGroup) -> DagPlan:

@@ -18,13 +18,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.autograd import Variable
 from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
 from torch.distributed.device_mesh import init_device_mesh
 
 from kolossos.auto_parallel.apply import batch_part
+from kolossos.auto_parallel.grad_sync import reduce_gradients_after_backward
 from kolossos.auto_parallel.sharding_graph import DagPlan, ShardingGraph
 from kolossos.auto_parallel.transformer_plan import format_dag_plan, parse_hybrid
 from kolossos.nn.layer.parallel_1d import gather_tp_full, get_tp_spec
@@ -92,34 +91,10 @@ class AutoParallelTransformer(nn.Module):
         print(self.explain())
 
 
-def _average_gradients(module: nn.Module, mesh: TorchDeviceMesh) -> None:
-    """After each backward, average every gradient over the mesh in one all-reduce of a flat
-    buffer (copied in, reduced, copied back), as DDP's buckets do."""
-    group, size = mesh.get_group(), mesh.size()
-    params = [p for p in module.parameters() if p.requires_grad]  # tied weights once
-    queued = [False]
-
-    def finish() -> None:
-        queued[0] = False
-        for p in params:  # a parameter this rank did not use still takes part
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        flat.div_(size)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    def hook(_: torch.Tensor) -> None:
-        if not queued[0]:
-            queued[0] = True
-            Variable._execution_engine.queue_callback(finish)
-
-    for param in params:
-        param.register_post_accumulate_grad_hook(hook)
+def _average(module: nn.Module, mesh: TorchDeviceMesh) -> None:
+    """Every gradient averaged over ``mesh`` after each backward (a tied weight once)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    reduce_gradients_after_backward(params, mesh.get_group(), average=True)
 
 
 def apply_family(
@@ -142,7 +117,7 @@ def apply_family(
     batch_mesh: TorchDeviceMesh | None = None
     shape = parse_hybrid(family)
     if family == "dp":
-        _average_gradients(module, mesh)
+        _average(module, mesh)
         batch_mesh = mesh
     elif family == "megatron":
         config = ShardConfig(tensor_parallel_process_group=mesh.get_group())
@@ -159,7 +134,7 @@ def apply_family(
             )
         config = ShardConfig(tensor_parallel_process_group=grid["tp"].get_group())
         module, _ = ShardFormer(config).optimize(module)
-        _average_gradients(module, grid["dp"])
+        _average(module, grid["dp"])
         batch_mesh = grid["dp"]
     elif family != "replicated":
         raise ValueError(

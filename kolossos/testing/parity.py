@@ -213,3 +213,21 @@ def train_causal_lm(
         opt.step()
         losses.append(loss.detach())
     return losses
+
+
+def reference_causal_lm(
+    base: nn.Module, steps: int, batch: int, seq: int, lr: float, vocab: int = 128
+) -> tuple[torch.Tensor, nn.Module, dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The single-process side of a causal-LM parity test: random token ids ``(steps, batch,
+    seq)`` below ``vocab`` (from the current seed), a deep copy of ``base`` trained on them by
+    :func:`train_causal_lm`, its parameters before training and its loss at every step.
+
+    Returns:
+        ``(ids, reference, before, losses)``.
+    """
+    import copy
+
+    ids = torch.randint(0, vocab, (steps, batch, seq))
+    reference = copy.deepcopy(base)
+    before = snapshot(reference)
+    return ids, reference, before, train_causal_lm(reference, ids, lr)

@@ -51,7 +51,7 @@ from kolossos.auto_parallel.sharding_graph import evaluate
 from kolossos.auto_parallel.transformer_plan import family_plan, search_free
 from kolossos.auto_parallel.transformer_strategies import megatron_assignment, transformer_graph
 from kolossos.testing import distributed
-from kolossos.testing.parity import assert_run_matches, snapshot, train_causal_lm
+from kolossos.testing.parity import assert_run_matches, reference_causal_lm, train_causal_lm
 
 pytestmark = pytest.mark.dist
 
@@ -180,7 +180,7 @@ def test_graph_plans_train_like_one_process(kind: str, world_size: int, plans: l
     cost = CostModel(world_size=world_size, **COST)
     torch.manual_seed(0)
     base = _model(kind)
-    ids = torch.randint(0, 128, (STEPS, BATCH, SEQ))
+    ids, reference, before, ref_losses = reference_causal_lm(base, STEPS, BATCH, SEQ, LR)
     first = copy.deepcopy(base)
     first(input_ids=ids[0], labels=ids[0]).loss.backward()
     ref_grads = {n: p.grad for n, p in first.named_parameters() if p.grad is not None}
@@ -190,9 +190,6 @@ def test_graph_plans_train_like_one_process(kind: str, world_size: int, plans: l
     assert min(float(g.abs().max()) for n, g in ref_grads.items() if n not in zero_grad) > (
         10 * GRAD_ATOL
     )
-    reference = copy.deepcopy(base)
-    before = snapshot(reference)
-    ref_losses = train_causal_lm(reference, ids, LR)
     meta_ids = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
     meta = {"input_ids": meta_ids, "labels": meta_ids}
     groups = trace_operators(_model(kind), meta)

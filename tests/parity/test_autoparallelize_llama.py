@@ -34,7 +34,7 @@ from kolossos.testing import distributed
 from kolossos.testing.parity import (
     assert_run_matches,
     global_mean,
-    snapshot,
+    reference_causal_lm,
     train_causal_lm,
 )
 
@@ -64,10 +64,7 @@ def test_autoparallelize_llama_parity() -> None:
     cost = CostModel(world_size=2, **COST)
     torch.manual_seed(0)
     base = _llama()
-    ids = torch.randint(0, 128, (STEPS, BATCH, SEQ))
-    reference = copy.deepcopy(base)
-    before = snapshot(reference)
-    ref_losses = train_causal_lm(reference, ids, LR)
+    ids, reference, before, ref_losses = reference_causal_lm(base, STEPS, BATCH, SEQ, LR)
     meta_ids = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
     meta = {"input_ids": meta_ids, "labels": meta_ids}
     groups = trace_operators(_llama(), meta)

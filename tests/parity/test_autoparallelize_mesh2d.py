@@ -33,7 +33,12 @@ from kolossos.auto_parallel.module_graph import trace_operators
 from kolossos.auto_parallel.transformer_plan import family_plan
 from kolossos.device.device_mesh import DeviceMesh
 from kolossos.testing import distributed
-from kolossos.testing.parity import assert_run_matches, global_mean, snapshot, train_causal_lm
+from kolossos.testing.parity import (
+    assert_run_matches,
+    global_mean,
+    reference_causal_lm,
+    train_causal_lm,
+)
 
 pytestmark = pytest.mark.dist
 
@@ -94,10 +99,7 @@ def test_autoparallelize_user_mesh2d_parity() -> None:
     cost = CostModel(world_size=4, **COST)
     torch.manual_seed(0)
     base = _gpt2()
-    ids = torch.randint(0, 128, (STEPS, BATCH, SEQ))
-    reference = copy.deepcopy(base)
-    before = snapshot(reference)
-    ref_losses = train_causal_lm(reference, ids, LR)
+    ids, reference, before, ref_losses = reference_causal_lm(base, STEPS, BATCH, SEQ, LR)
     groups = trace_operators(_gpt2(), _meta())
     between = (family_plan("dp", groups, cost).memory + family_plan("megatron", groups,
                                                                      cost).memory) / 2  # fmt: skip
