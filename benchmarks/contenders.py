@@ -34,6 +34,11 @@ class Context:
     batch: int = 1
     """samples per rank and step"""
 
+    def adam(self, params: Any) -> torch.optim.Adam:
+        """Every contender's optimizer: Adam at ``lr``; on CUDA torch's fused kernel (one pass
+        over parameters, gradients and states), elsewhere torch's default implementation."""
+        return torch.optim.Adam(params, lr=self.lr, fused=self.device.type == "cuda" or None)
+
 
 @dataclass
 class Setup:
@@ -105,7 +110,7 @@ class Contender:
         return contextlib.nullcontext()
 
     def _plain(self, module: nn.Module, params_of: nn.Module, ctx: Context) -> Setup:
-        optimizer = torch.optim.Adam(params_of.parameters(), lr=ctx.lr)
+        optimizer = ctx.adam(params_of.parameters())
 
         def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             with self._autocast(ctx):
@@ -168,7 +173,7 @@ class KolossosBoosted(Contender):
             booster = Booster(
                 plugin=plugin, mixed_precision="bf16" if ctx.precision == "bf16" else None
             )
-        optimizer = torch.optim.Adam(model.parameters(), lr=ctx.lr)
+        optimizer = ctx.adam(model.parameters())
         boosted, opt, criterion, _, _ = booster.boost(model, optimizer, ctx.spec.loss)
         assert opt is not None and criterion is not None
 

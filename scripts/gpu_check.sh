@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, for a lent one-GPU machine (CI has none): the CUDA tests, the
-# main job on the GPU, and the one-GPU benchmarks (bf16 MFU of a 1B GPT-2, every plugin that
-# runs on one device next to its PyTorch baselines). Writes its logs under $OUT (runs/gpu).
+# main job on the GPU, and the one-GPU benchmark (bf16 MFU of a 1B GPT-2: the `gpu` suite,
+# kolossos' fastest one-device plugins next to torch DDP and FSDP2). Writes its logs under $OUT
+# (runs/gpu). BENCH_BATCH (default 8) and BENCH_REPS (default 2) size the benchmark.
 # Usage: bash scripts/gpu_check.sh [gpu|bench|train|fork|unit]...   (all by default)
 set -u
 cd "$(dirname "$0")/.."
@@ -32,9 +33,10 @@ for step in "${steps[@]}"; do
         d=$(mktemp -d)
         (cd "$d" && timeout 100 kolossos train) 2>&1 | tee "$OUT/train.log" | tail -15 ;;
     bench)
-        timeout 420 $PY -m benchmarks ddp fsdp --world-size 1 --model gpt2-1b \
-            --precision bf16 --batch 8 --steps 6 --warmup 2 --reps 2 --out "$OUT/mfu.json" \
-            2>&1 | grep -v '^{' | tee "$OUT/bench.log" | tail -40 ;;
+        b=${BENCH_BATCH:-8}
+        timeout 420 $PY -m benchmarks gpu --world-size 1 --model gpt2-1b --precision bf16 \
+            --batch "$b" --steps 6 --warmup 2 --reps "${BENCH_REPS:-2}" --interleave rep \
+            --out "$OUT/mfu-b$b.json" 2>&1 | grep -v '^{' | tee "$OUT/bench-b$b.log" | tail -20 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done

@@ -19,6 +19,7 @@ SUITES = {
     "ddp": "benchmarks.suites.ddp",
     "deepspeed": "benchmarks.suites.deepspeed",
     "fsdp": "benchmarks.suites.fsdp",
+    "gpu": "benchmarks.suites.gpu",
     "pipeline": "benchmarks.suites.pipeline",
     "tp": "benchmarks.suites.tp",
     "zero": "benchmarks.suites.zero",

@@ -53,7 +53,7 @@ class DeepSpeedZero(Contender):
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         if ctx.device.type == "cpu":  # inference-only op; building it costs minutes
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        optimizer = torch.optim.Adam(model.parameters(), lr=ctx.lr)
+        optimizer = ctx.adam(model.parameters())
         config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": ctx.batch,
             "gradient_accumulation_steps": 1,

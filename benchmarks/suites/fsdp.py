@@ -45,7 +45,7 @@ class RawFSDP2(Contender):
         for unit in shard_units(model):
             fully_shard(unit, mp_policy=unit_mp)
         fully_shard(model, mp_policy=root_mp)
-        optimizer = torch.optim.Adam(model.parameters(), lr=ctx.lr)
+        optimizer = ctx.adam(model.parameters())
 
         def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return ctx.spec.loss(model(x), y)

@@ -49,9 +49,19 @@ class KolossosHybrid(Contender):
 
     role = "kolossos"
 
-    def __init__(self, name: str, tp: bool, sp: bool, counterpart: str, description: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        tp: bool,
+        sp: bool,
+        counterpart: str,
+        description: str,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.name, self.tp, self.sp = name, tp, sp
         self.counterpart, self.description = counterpart, description
+        self.options = dict(options or {})
+        """further ``HybridParallelPlugin`` keywords (e.g. ``enable_all_optimization``)"""
         # model states split over the ranks (TP) or replicated (DP)
         self.strategy = "zero3" if tp else "ddp"
 
@@ -65,9 +75,10 @@ class KolossosHybrid(Contender):
             precision="bf16" if ctx.precision == "bf16" else "fp32",
             enable_sequence_parallelism=self.sp,
             parallel_output=False,
+            **self.options,
         )
         booster = Booster(plugin=plugin)
-        boosted, opt, _, _, _ = booster.boost(hf, torch.optim.Adam(hf.parameters(), lr=ctx.lr))
+        boosted, opt, _, _, _ = booster.boost(hf, ctx.adam(hf.parameters()))
         assert opt is not None
         gather = _group_batch if self.tp else (lambda t: t)
 

@@ -3,6 +3,8 @@ group needed)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -15,7 +17,11 @@ from kolossos.shardformer import (
     ShardConfig,
 )
 from kolossos.shardformer.layer.fused import dropout_add, eager_dropout_add, fused_kernel_name
-from kolossos.shardformer.modeling.jit_fused import apply_jit_fused
+from kolossos.shardformer.modeling.jit_fused import (
+    TANH_GELU_CLASSES,
+    apply_jit_fused,
+    fuse_activations,
+)
 from kolossos.shardformer.optimizations import checkpoint_blocks, fuse_norms
 from kolossos.zero.low_level.overlap import plan_gather_buckets
 from kolossos.zero.low_level.partition import FlatLayout
@@ -105,6 +111,34 @@ def test_dropout_add_is_the_unfused_computation() -> None:
 def test_jit_fused_refuses_unknown_blocks() -> None:
     with pytest.raises(NotImplementedError, match=r"enable_jit_fused=True.*Linear"):
         apply_jit_fused(nn.ModuleList([nn.Linear(2, 2)]))
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu_fast"])
+def test_jit_fused_gelu_same_numbers(act: str) -> None:
+    """GPT-2's Python tanh-GELU becomes torch's fused one: same forward and gradients (fp32)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_embd=16, n_layer=1, n_head=2, activation_function=act, resid_pdrop=0.0, attn_pdrop=0.0
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    block = transformers.models.gpt2.modeling_gpt2.GPT2Block(config)
+    fused_block = copy.deepcopy(block)
+    assert apply_jit_fused(nn.ModuleList([fused_block])) == 1
+    assert type(block.mlp.act).__name__ in TANH_GELU_CLASSES
+    assert isinstance(fused_block.mlp.act, nn.GELU) and fused_block.mlp.act.approximate == "tanh"
+    x = torch.randn(2, 5, 16) * 3
+    outs, grads = [], []
+    for module in (block, fused_block):
+        xi = x.clone().requires_grad_()
+        out = module(xi)
+        out = out[0] if isinstance(out, tuple) else out
+        out.square().sum().backward()
+        outs.append(out)
+        grads.append(xi.grad)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+    assert fuse_activations(fused_block) == 0  # nothing left to replace
 
 
 def test_fused_rms_norm_same_numbers() -> None:

@@ -11,6 +11,10 @@ Per family: GPT-2 (``GPT2Block``: attention and MLP residuals; ``attn.resid_drop
 both residuals), ViT (``ViTLayer``: both residuals), BERT (``BertSelfOutput`` and ``BertOutput``:
 dropout + add before their LayerNorm). LLaMA has no bias and no dropout on its residual path
 (``residual + o_proj(...)``), so nothing is fused there and its blocks stay as they are.
+
+Activations: transformers' Python tanh-GELUs (``gelu_new``, GPT-2's default, and ``gelu_fast``:
+eight or more element-wise kernels forward and more backward, each over the MLP's widest tensor)
+become ``nn.GELU(approximate="tanh")``, the same function as one fused kernel each way.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import nn
 from kolossos.shardformer.layer import fused
 from kolossos.shardformer.policies._common import is_class
 
-__all__ = ["FUSED_FAMILIES", "apply_jit_fused"]
+__all__ = ["FUSED_FAMILIES", "TANH_GELU_CLASSES", "apply_jit_fused", "fuse_activations"]
 
 _P_ATTR = "_kolossos_dropout_p"
 _classes: dict[tuple[type, str], type] = {}
@@ -153,11 +157,30 @@ FUSED_FAMILIES: dict[str, Callable[[Any], None] | None] = {
 """Block class → how its dropout + residual adds are fused (``None``: nothing to fuse)."""
 
 
+#: transformers activation classes computing ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
+#: in several Python-level ops; ``nn.GELU(approximate="tanh")`` is that function, fused
+TANH_GELU_CLASSES = ("NewGELUActivation", "FastGELUActivation")
+
+
+def fuse_activations(module: nn.Module) -> int:
+    """Replace every tanh-GELU written in Python (:data:`TANH_GELU_CLASSES`) under ``module``
+    by ``nn.GELU(approximate="tanh")``. Returns how many were replaced."""
+    replaced = 0
+    for name, child in list(module.named_modules()):
+        if name and type(child).__name__ in TANH_GELU_CLASSES:
+            parent_name, _, attr = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            setattr(parent, attr, nn.GELU(approximate="tanh"))
+            replaced += 1
+    return replaced
+
+
 def apply_jit_fused(blocks: nn.ModuleList) -> int:
-    """Fuse the dropout + residual adds of every block in ``blocks`` (in place).
+    """Fuse the dropout + residual adds of every block in ``blocks`` and its Python tanh-GELUs
+    (:func:`fuse_activations`), in place.
 
     Returns:
-        The number of modules given a fused forward.
+        The number of modules given a fused forward (activations not counted).
 
     Raises:
         NotImplementedError: a block class without a fused forward (a custom policy's model).
@@ -172,6 +195,7 @@ def apply_jit_fused(blocks: nn.ModuleList) -> int:
                 "enable_jit_fused=False for this model."
             )
         fuse = FUSED_FAMILIES[name]
+        fuse_activations(block)
         if fuse is not None:
             fuse(block)
             fused_modules += 2 if name == "BertLayer" else 1
