@@ -3,9 +3,10 @@ enable_all_optimization=True)`` against the same plugin without them, losses eve
 parameters at the end.
 
 On CUDA ``enable_jit_fused`` runs the dropout + residual add as a ``torch.compile``'d kernel and
-GPT-2's Python tanh-GELU as torch's fused one; this checks that both are taken (no fallback) and
-give the unfused numbers. One process with a single-rank NCCL group; TF32 off so that fp32 is
-compared tightly.
+GPT-2's Python tanh-GELU as torch's fused one, and at tp 1 the LM head's products run over a
+vocabulary padded to a multiple of 64 (``AlignedLMHead``); this checks that all are taken (no
+fallback) and give the unfused numbers. One process with a single-rank NCCL group; TF32 off so
+that fp32 is compared tightly.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-STEPS, BATCH, SEQ, VOCAB = 10, 4, 64, 512
+# VOCAB is no multiple of 64: the LM head's products run padded to 512 rows (AlignedLMHead)
+STEPS, BATCH, SEQ, VOCAB = 10, 4, 64, 500
 # Adam with eps=1e-3 (as tests/gpu/test_gemini_cuda_parity.py): a gradient far below eps, such as
 # the key biases' zero one plus rounding, gives a step far below lr instead of an lr-sized one
 LR, EPS = 5e-2, 1e-3
@@ -110,6 +112,11 @@ def test_fused_kernels_on_cuda_match_unfused(precision: str) -> None:
     fallbacks = [str(w.message) for w in caught if "torch.compile failed" in str(w.message)]
     assert not fallbacks, fallbacks
     assert fused_kernel_name(torch.device("cuda")) == "compile"
+    from kolossos.shardformer.layer.aligned_head import AlignedLMHead
+
+    assert type(fused.lm_head) is AlignedLMHead and fused.lm_head.weight is fused.get_parameter(
+        "transformer.wte.weight"
+    )
     acts = [m for m in fused.modules() if isinstance(m, nn.GELU)]
     assert len(acts) == 2 and all(a.approximate == "tanh" for a in acts)
     rtol, atol = TOL[precision]

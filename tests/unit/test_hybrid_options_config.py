@@ -16,6 +16,7 @@ from kolossos.shardformer import (
     PipelineGradientCheckpointConfig,
     ShardConfig,
 )
+from kolossos.shardformer.layer.aligned_head import AlignedLMHead, align_lm_head
 from kolossos.shardformer.layer.fused import dropout_add, eager_dropout_add, fused_kernel_name
 from kolossos.shardformer.modeling.jit_fused import (
     TANH_GELU_CLASSES,
@@ -174,3 +175,30 @@ def test_gather_buckets_hold_whole_parameters() -> None:
     assert plan_gather_buckets(layout, 5) == [(0, 14), (14, 19)]
     assert plan_gather_buckets(layout, 1) == [(0, 4), (4, 14), (14, 17), (17, 19)]
     assert plan_gather_buckets(layout, 100) == [(0, 19)]
+
+
+def test_aligned_lm_head_same_numbers_and_parameters() -> None:
+    """The head's product over a padded vocabulary: same logits and gradients, the parameter
+    (tied to the embedding) keeps its shape; aligned sizes and other modules are left alone."""
+    torch.manual_seed(0)
+    embedding = nn.Embedding(50, 8)
+    head = nn.Linear(8, 50, bias=True)
+    head.weight = embedding.weight
+    plain = copy.deepcopy(head)
+    assert align_lm_head(head, 16) and type(head) is AlignedLMHead
+    assert head.weight is embedding.weight and head.weight.shape == (50, 8)
+    head.devices = ("cpu",)  # pad on the CPU too, to check the padded product here
+    assert not align_lm_head(nn.Linear(8, 64), 16) and not align_lm_head(nn.Identity(), 16)
+    x = torch.randn(3, 5, 8)
+    outs, grads = [], []
+    for module in (plain, head):
+        module.zero_grad()
+        out = module(x)
+        assert out.shape == (3, 5, 50)
+        out.square().sum().backward()
+        outs.append(out)
+        grads.append((module.weight.grad.clone(), module.bias.grad.clone()))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert set(head.state_dict()) == {"weight", "bias"}
