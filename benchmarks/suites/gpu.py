@@ -43,4 +43,5 @@ SUITE = Suite(
     contenders=_contenders,
     references=("torch-ddp", "fsdp2"),
     preimport=("torch.nn.parallel", "torch.distributed.fsdp", "kolossos.booster"),
+    quick_models=("gpt2-tiny",),  # kolossos-hybrid needs a transformers GPT-2
 )

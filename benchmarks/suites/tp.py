@@ -40,7 +40,7 @@ def _group_batch(x: torch.Tensor) -> torch.Tensor:
 def _hf(model: nn.Module) -> Any:
     inner = getattr(model, "model", None)
     if not isinstance(inner, nn.Module) or not hasattr(inner, "transformer"):
-        raise TypeError("the tp suite runs GPT-2 models only (--model gpt2-*)")
+        raise TypeError("the HybridParallelPlugin rows run GPT-2 models only (--model gpt2-*)")
     return inner
 
 
