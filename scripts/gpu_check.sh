@@ -2,7 +2,7 @@
 # The checks that need a GPU, for a lent one-GPU machine (CI has none): the CUDA tests, the
 # main job on the GPU, and the one-GPU benchmark (bf16 MFU of a 1B GPT-2: the `gpu` suite,
 # kolossos' fastest one-device plugins next to torch DDP and FSDP2). Writes its logs under $OUT
-# (runs/gpu). BENCH_BATCH (default 8) and BENCH_REPS (default 2) size the benchmark.
+# (runs/gpu). BENCH_BATCH (default 16) and BENCH_REPS (default 2) size the benchmark.
 # Usage: bash scripts/gpu_check.sh [gpu|bench|train|fork|unit]...   (all by default)
 set -u
 cd "$(dirname "$0")/.."
@@ -33,7 +33,7 @@ for step in "${steps[@]}"; do
         d=$(mktemp -d)
         (cd "$d" && timeout 100 kolossos train) 2>&1 | tee "$OUT/train.log" | tail -15 ;;
     bench)
-        b=${BENCH_BATCH:-8}
+        b=${BENCH_BATCH:-16}
         timeout 420 $PY -m benchmarks gpu --world-size 1 --model gpt2-1b --precision bf16 \
             --batch "$b" --steps 6 --warmup 2 --reps "${BENCH_REPS:-2}" --interleave rep \
             --out "$OUT/mfu-b$b.json" 2>&1 | grep -v '^{' | tee "$OUT/bench-b$b.log" | tail -20 ;;
