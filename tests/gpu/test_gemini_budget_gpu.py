@@ -10,15 +10,12 @@ One process; a single-rank NCCL group, as under ``torchrun --nproc_per_node=1``.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from kolossos.testing import assert_moved, free_port, snapshot
+from kolossos.testing import assert_moved, snapshot
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,18 +25,6 @@ pytestmark = [
 STEPS = 4
 BATCH, SEQ, VOCAB = 8, 128, 2048
 CHUNK = {"chunk_size": 256 * 1024}  # ~15 chunks of the ~3.7M parameters below
-
-
-@pytest.fixture
-def nccl_group() -> Iterator[None]:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def gpt2() -> torch.nn.Module:

@@ -12,16 +12,13 @@ compared tightly.
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from kolossos.testing import assert_moved, free_port, snapshot
+from kolossos.testing import assert_moved, snapshot
 
 pytestmark = [
     pytest.mark.gpu,
@@ -43,20 +40,6 @@ TOL = {"fp32": (1e-5, 1e-5), "bf16": (2e-2, 3e-2), "fp16": (3e-3, 1e-2)}
 # the largest by 10x.
 LR = 5e-2
 EACH = {"fp32": None, "bf16": 2.0, "fp16": None}
-
-
-@pytest.fixture(scope="module")
-def nccl_group() -> Iterator[None]:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    torch.cuda.set_device(0)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def gpt2() -> nn.Module:

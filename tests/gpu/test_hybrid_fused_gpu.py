@@ -12,17 +12,14 @@ that fp32 is compared tightly.
 from __future__ import annotations
 
 import copy
-import os
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from kolossos.testing import assert_moved, free_port, snapshot
+from kolossos.testing import assert_moved, snapshot
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,20 +35,6 @@ EACH = {"fp32": None, "bf16": 2.0}
 # fp32: the fused kernels change only rounding (tanh-GELU, SDPA's kernel); bf16: both runs round
 # the same products but kernels may differ per shape
 TOL = {"fp32": (1e-4, 1e-4), "bf16": (2e-2, 3e-2)}
-
-
-@pytest.fixture(scope="module")
-def nccl_group() -> Iterator[None]:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    torch.cuda.set_device(0)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def gpt2() -> nn.Module:
