@@ -1,17 +1,30 @@
-"""The largest GPT-2-style model one GPU trains: Gemini ``auto`` placement vs plain DDP.
+"""The largest GPT-2-style model one device trains: Gemini ``auto`` placement vs plain DDP, and
+both against the memory limit of the machine.
 
 Each attempt runs in a fresh process (``--attempt``) so that one attempt's allocations cannot
 help or hurt the next; the driver tries the given layer counts for each mode and prints, per
-attempt, whether two training steps completed, the parameter count, the peak GPU allocation, the
-peak resident host memory and the step time, then the largest model each mode trained and the
-ratio. Both modes use bf16 and activation checkpointing. DDP: ``Booster(mixed_precision="bf16",
-plugin=TorchDDPPlugin())``, model and AdamW states on the GPU. Gemini: ``GeminiPlugin(
-placement_policy="auto", precision="bf16", chunk_init_device="cpu")`` with ``HybridAdam``: chunks
-live on the host and visit the GPU when needed; master weights and Adam states of host chunks
-are stepped on the CPU.
+attempt, whether two training steps completed, the parameter count, the peak device allocation,
+the peak resident host memory and the step time, then the largest model each mode trained, the
+ratio, and each largest model as a fraction of its mode's limit.
+
+The limit (printed first, :func:`memory_limit`): DDP keeps 16 bytes per parameter on the device
+(fp32 weights and gradients, Adam's two fp32 states; bf16 autocast, activations checkpointed),
+so at most ``device memory / 16`` parameters; Gemini can spread the same 16 bytes (bf16 weights
+and gradients, fp32 masters and Adam states) over device and host, so at most ``(device memory +
+available host memory) / 16``. ``--auto`` picks the layer counts from it: DDP at 0.9 of its
+limit, Gemini at 0.9 and 1.0 of its own.
+
+Both modes use bf16 and activation checkpointing. DDP: ``Booster(mixed_precision="bf16",
+plugin=TorchDDPPlugin())``, model and Adam states on the device. Gemini: the model built inside
+``LazyInitContext`` (no full-size copy ever exists on the host: the plugin fills its chunks one by
+one), ``GeminiPlugin(placement_policy="auto", precision="bf16", chunk_init_device="cpu")`` with
+``HybridAdam``: chunks live on the host and visit the device when needed; master weights and
+Adam states of host chunks are stepped on the CPU. ``--device cpu`` runs the same code with gloo
+on the CPU (a smoke test: device and host are then one memory).
 
 Usage (one GPU)::
 
+    python -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32
     python -m benchmarks.gemini_capacity --hidden 4096 --heads 32 --ddp-layers 16 20 \
         --gemini-layers 24 32
 """
@@ -20,12 +33,58 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
 import sys
 import time
 from typing import Any
+
+VOCAB = 50257
+BYTES_PER_PARAM = 16
+"""fp32 weights + gradients + two Adam states (DDP), or bf16 weights + gradients + fp32 masters +
+two Adam states (Gemini)"""
+
+
+def gpt2_params(layers: int, hidden: int, seq: int) -> int:
+    """Parameters of a GPT-2 (tied head) with these sizes."""
+    per_layer = 12 * hidden * hidden + 13 * hidden
+    return layers * per_layer + (VOCAB + seq) * hidden + 2 * hidden
+
+
+def layers_for(params: float, hidden: int, seq: int) -> int:
+    """The most layers whose model stays within ``params`` parameters (at least 1)."""
+    per_layer = 12 * hidden * hidden + 13 * hidden
+    return max(1, math.floor((params - gpt2_params(0, hidden, seq)) / per_layer))
+
+
+def host_available_bytes() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` (what the host can still give without swapping)."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable line")
+
+
+def memory_limit(device: str) -> dict[str, float]:
+    """Device and available host bytes, and the largest parameter counts they allow
+    (module doc)."""
+    import torch
+
+    host = host_available_bytes()
+    if device == "cuda":
+        device_bytes = torch.cuda.mem_get_info()[1]
+    else:  # one memory: the "device" share is the host itself
+        device_bytes, host = host, 0
+    return {
+        "device_gib": device_bytes / 2**30,
+        "host_available_gib": host / 2**30,
+        "bytes_per_param": BYTES_PER_PARAM,
+        "ddp_limit_params": device_bytes / BYTES_PER_PARAM,
+        "gemini_limit_params": (device_bytes + host) / BYTES_PER_PARAM,
+    }
 
 
 def _attempt(args: argparse.Namespace) -> dict[str, Any]:
@@ -35,19 +94,26 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
 
     from kolossos.booster import Booster
     from kolossos.booster.plugin import GeminiPlugin, TorchDDPPlugin
+    from kolossos.lazy import LazyInitContext
     from kolossos.nn.optimizer import HybridAdam
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + args.layers))
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     config = GPT2Config(
-        vocab_size=50257, n_positions=args.seq, n_embd=args.hidden, n_layer=args.layers,
+        vocab_size=VOCAB, n_positions=args.seq, n_embd=args.hidden, n_layer=args.layers,
         n_head=args.heads, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     gemini = args.mode == "gemini"
-    with torch.device("cpu" if gemini else "cuda"):
-        model = GPT2LMHeadModel(config)
+    if gemini:
+        with LazyInitContext():
+            model = GPT2LMHeadModel(config)
+    else:
+        with torch.device(args.device):
+            model = GPT2LMHeadModel(config)
     model.gradient_checkpointing_enable()
     params = sum(p.numel() for p in model.parameters())
     if gemini:
@@ -66,17 +132,18 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
     times = []
     for _ in range(2):
         start = time.perf_counter()
-        ids = torch.randint(0, 50257, (args.batch, args.seq), device="cuda")
+        ids = torch.randint(0, VOCAB, (args.batch, args.seq), device=args.device)
         loss = boosted(input_ids=ids, labels=ids).loss
         booster.backward(loss, optimizer)
         optimizer.step()
         optimizer.zero_grad()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     dist.destroy_process_group()
     return {
         "params": params,
-        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_device_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "peak_host_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "step_s": times[-1],
         "loss": float(loss),
@@ -86,7 +153,7 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
 def _run_one(args: argparse.Namespace, mode: str, layers: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.gemini_capacity", "--attempt", "--mode", mode,
            "--layers", str(layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
-           "--seq", str(args.seq), "--batch", str(args.batch)]  # fmt: skip
+           "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device]  # fmt: skip
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -106,21 +173,30 @@ def _run_one(args: argparse.Namespace, mode: str, layers: int) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line (module doc)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attempt", action="store_true", help="internal: one attempt")
     parser.add_argument("--mode", choices=("ddp", "gemini"))
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--ddp-layers", type=int, nargs="*", default=[])
     parser.add_argument("--gemini-layers", type=int, nargs="*", default=[])
+    parser.add_argument("--auto", action="store_true", help="layer counts from the limit")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--timeout", type=float, default=400.0)
     args = parser.parse_args(argv)
     if args.attempt:
         print(json.dumps(_attempt(args)), flush=True)
         return 0
+    limit = memory_limit(args.device)
+    print(json.dumps({"limit": limit}), flush=True)
+    if args.auto:
+        ddp, gem = limit["ddp_limit_params"], limit["gemini_limit_params"]
+        args.ddp_layers = [layers_for(0.9 * ddp, args.hidden, args.seq)]
+        args.gemini_layers = [layers_for(f * gem, args.hidden, args.seq) for f in (0.9, 1.0)]
     best: dict[str, int] = {}
     for mode, layer_list in (("ddp", args.ddp_layers), ("gemini", args.gemini_layers)):
         for layers in layer_list:
@@ -128,9 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
             if row["ok"]:
                 best[mode] = max(best.get(mode, 0), int(row["params"]))
+    summary: dict[str, Any] = {"largest_params": best}
+    for mode, params in best.items():
+        summary[f"{mode}_of_limit"] = round(params / limit[f"{mode}_limit_params"], 3)
     if "ddp" in best and "gemini" in best:
-        ratio = best["gemini"] / best["ddp"]
-        print(json.dumps({"largest_params": best, "gemini_over_ddp": round(ratio, 2)}))
+        summary["gemini_over_ddp"] = round(best["gemini"] / best["ddp"], 2)
+    print(json.dumps(summary), flush=True)
     return 0
 
 

@@ -1,0 +1,51 @@
+"""``python -m benchmarks.gemini_capacity --device cpu`` end to end at toy size: the limit is
+stated, both modes train (Gemini from a lazily built model), the summary relates them (never
+timings). The GPU run is the same code with ``--device cuda``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gemini_capacity import gpt2_params, layers_for
+
+ROOT = Path(__file__).resolve().parents[2]
+HANG_S = 600  # detects a hang only: ~10 s on a loaded 2-core machine
+
+
+def test_layer_counts_follow_the_parameter_budget() -> None:
+    for layers in (1, 7, 40):
+        params = gpt2_params(layers, 256, 128)
+        assert layers_for(params, 256, 128) == layers
+        assert layers_for(params - 1, 256, 128) == max(1, layers - 1)
+
+
+def test_cpu_smoke_run() -> None:
+    pytest.importorskip("transformers")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [sys.executable, "-m", "benchmarks.gemini_capacity", "--device", "cpu"]
+    cmd += ["--hidden", "64", "--heads", "4", "--seq", "32"]
+    cmd += ["--ddp-layers", "1", "--gemini-layers", "2"]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=HANG_S, env=env, cwd=ROOT, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    limit = lines[0]["limit"]
+    assert limit["bytes_per_param"] == 16 and limit["ddp_limit_params"] > 0
+    rows = {row["mode"]: row for row in lines[1:3]}
+    assert rows["ddp"]["ok"] and rows["gemini"]["ok"], rows
+    assert rows["ddp"]["params"] == gpt2_params(1, 64, 32)
+    assert rows["gemini"]["params"] == gpt2_params(2, 64, 32)
+    summary = lines[3]
+    assert summary["gemini_over_ddp"] == round(gpt2_params(2, 64, 32) / gpt2_params(1, 64, 32), 2)
+    assert 0 < summary["gemini_of_limit"] < 1
