@@ -3,7 +3,10 @@
 # main job on the GPU, and the one-GPU benchmark (bf16 MFU of a 1B GPT-2: the `gpu` suite,
 # kolossos' fastest one-device plugins next to torch DDP and FSDP2). Writes its logs under $OUT
 # (runs/gpu). BENCH_BATCH (default 16) and BENCH_REPS (default 2) size the benchmark.
-# Usage: bash scripts/gpu_check.sh [gpu|bench|train|fork|unit]...   (all by default)
+# `capacity` (never by default: minutes per attempt) runs the single-GPU capacity benchmark at
+# the machine's memory limit (benchmarks/gemini_capacity.py --auto).
+# Usage: bash scripts/gpu_check.sh [gpu|bench|train|fork|unit|capacity]...   (all but capacity
+# by default)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu}
@@ -37,6 +40,9 @@ for step in "${steps[@]}"; do
         timeout 420 $PY -m benchmarks gpu --world-size 1 --model gpt2-1b --precision bf16 \
             --batch "$b" --steps 6 --warmup 2 --reps "${BENCH_REPS:-2}" --interleave rep \
             --out "$OUT/mfu-b$b.json" 2>&1 | grep -v '^{' | tee "$OUT/bench-b$b.log" | tail -20 ;;
+    capacity)
+        timeout 560 $PY -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32 \
+            --timeout 240 2>&1 | tee "$OUT/capacity.log" | tail -8 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done
