@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["KERNEL_CLASSES", "classify_kernel", "main"]
+__all__ = ["KERNEL_CLASSES", "classify_kernel", "kernel_times", "main"]
 
 #: kernel class -> substrings of the (lower-cased) kernel name, first match wins
 KERNEL_CLASSES: dict[str, tuple[str, ...]] = {
@@ -62,12 +62,19 @@ def _profile(setup: Any, batches: list[Any]) -> tuple[float, dict[str, float], d
             train_step(setup, batch)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    by_class: dict[str, float] = defaultdict(float)
-    by_kernel: dict[str, float] = defaultdict(float)
     with tempfile.TemporaryDirectory() as tmp:  # the trace's kernel records: a public format
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text()).get("traceEvents", [])
+    return (wall, *kernel_times(events))
+
+
+def kernel_times(events: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds of GPU time by kernel class and by kernel name, from Chrome-trace events
+    (``torch.profiler``'s export: complete events of category ``kernel``, ``gpu_memcpy`` or
+    ``gpu_memset``, durations in microseconds)."""
+    by_class: dict[str, float] = defaultdict(float)
+    by_kernel: dict[str, float] = defaultdict(float)
     for event in events:
         cat = str(event.get("cat", "")).lower()
         if event.get("ph") != "X" or cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -76,7 +83,7 @@ def _profile(setup: Any, batches: list[Any]) -> tuple[float, dict[str, float], d
         seconds = float(event.get("dur", 0.0)) / 1e6  # microseconds
         by_class["memcpy" if cat != "kernel" else classify_kernel(name)] += seconds
         by_kernel[name] += seconds
-    return wall, by_class, by_kernel
+    return by_class, by_kernel
 
 
 def main(argv: list[str] | None = None) -> int:
