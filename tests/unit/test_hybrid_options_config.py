@@ -194,7 +194,7 @@ def test_aligned_lm_head_same_numbers_and_parameters() -> None:
     for module in (plain, head):
         module.zero_grad()
         out = module(x)
-        assert out.shape == (3, 5, 50)
+        assert out.shape == (3, 5, 50) and out.is_contiguous()  # callers .view() logits
         out.square().sum().backward()
         outs.append(out)
         grads.append((module.weight.grad.clone(), module.bias.grad.clone()))

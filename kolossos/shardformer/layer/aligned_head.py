@@ -3,17 +3,17 @@ the parameter.
 
 A vocabulary such as GPT-2's 50257 rows makes every product of the head have an odd dimension;
 cuBLAS then falls back to kernels for unaligned operands, several times slower than the rest of
-the model's (measured on an H200 for a 1B GPT-2 in bf16: the head's three products ran at about 120
-TFLOP/s against about 770 for the blocks' and took 43% of the step's matrix time;
-``docs/benchmarks.md``).
-Under tensor parallelism the vocabulary-parallel head is padded already
+the model's (measured on an H200 for a 1B GPT-2 in bf16: the head's three products ran at about
+120 TFLOP/s against about 770 for the blocks' and took 43% of the step's matrix time;
+``docs/benchmarks.md``). Under tensor parallelism the vocabulary-parallel head is padded already
 (``make_vocab_size_divisible_by``). Without it, :class:`AlignedLMHead` computes
-``F.linear(x, pad(weight))[..., :vocab]``: the weight gains zero rows for the product only, so the
-parameter, its name, its tie to the embedding, checkpoints and optimizer states keep the model's
-own shape; the extra logits are dropped and their (zero) gradients never reach the weight. The
-padded copy of the weight in forward and the slice of its gradient in backward are two passes
-over the head's weight (0.2 GB for that model, well under a millisecond) against the tens of
-milliseconds saved. On the CPU the plain product is used (no alignment penalty to avoid).
+``F.linear(x, pad(weight))[..., :vocab]``, made contiguous (callers flatten logits with
+``.view``): the weight gains zero rows for the product only, so the parameter, its name, its tie
+to the embedding, checkpoints and optimizer states keep the model's own shape; the extra logits
+are dropped and their (zero) gradients never reach the weight. The padded copy of the weight,
+the slice of its gradient and the copy of the logits are a few passes over memory (about a
+millisecond for that model at 16 × 1024 tokens) against the tens of milliseconds saved. On the
+CPU the plain product is used (no alignment penalty to avoid).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class AlignedLMHead(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         weight = F.pad(self.weight, (0, 0, 0, pad))
         bias = None if self.bias is None else F.pad(self.bias, (0, pad))
-        return F.linear(x, weight, bias)[..., : self.out_features]
+        return F.linear(x, weight, bias)[..., : self.out_features].contiguous()
 
 
 def align_lm_head(head: nn.Module, multiple: int) -> bool:
