@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from kolossos.hybrid.config import HybridParallelConfig
 from kolossos.hybrid.sequence_parallel import ATTENTION_MODES, install_sequence_parallel
 from kolossos.shardformer import ShardConfig, ShardFormer
+from kolossos.shardformer.optimizations import align_plan_heads
 from kolossos.shardformer.shardformer import _resolve_plan as resolve_plan
 
 __all__ = ["check_shard_options", "needs_sharding", "repoint_optimizer", "shard_model"]
@@ -96,6 +97,7 @@ def shard_model(
         The sharded model (``model`` itself when there is nothing to shard).
     """
     if not needs_sharding(config):
+        _align_head(model, config.make_vocab_size_divisible_by)
         return model
     shard_config = _shard_config(config, tp_group)
     if config.sp_axis_size > 1:  # (with sp_size 1 the attention modes change nothing)
@@ -114,6 +116,17 @@ def shard_model(
         return sharded
     sharded, _shared = ShardFormer(shard_config).optimize(model, policy=config.custom_policy)
     return sharded
+
+
+def _align_head(model: nn.Module, multiple: int) -> None:
+    """tp 1 with nothing for ShardFormer to do: still run the LM head's CUDA products over the
+    aligned vocabulary, as ShardFormer does at tp 1 (``AlignedLMHead``); a model without a
+    built-in plan is left as it is."""
+    try:
+        plan = resolve_plan(model, None)
+    except ValueError:
+        return
+    align_plan_heads(model, plan, multiple)
 
 
 def first_names(model: nn.Module) -> dict[torch.Tensor, str]:

@@ -19,6 +19,7 @@ from kolossos.shardformer.grad_ckpt_config import (
     GradientCheckpointConfig,
     PipelineGradientCheckpointConfig,
 )
+from kolossos.shardformer.layer.aligned_head import align_lm_head
 from kolossos.shardformer.layer.normalization import FusedRMSNorm
 from kolossos.shardformer.modeling.jit_fused import apply_jit_fused
 from kolossos.shardformer.policies._common import is_class
@@ -28,6 +29,7 @@ from kolossos.shardformer.validate import block_list
 
 __all__ = [
     "CHECKPOINTED_ATTR",
+    "align_plan_heads",
     "apply_optimizations",
     "checkpoint_blocks",
     "disable_cache_when_checkpointing",
@@ -140,6 +142,14 @@ def num_ckpt_layers(
     if isinstance(config, PipelineGradientCheckpointConfig):
         return config.get_num_ckpt_layers(stage, num_stages, num_layers)
     return config.get_num_ckpt_layers(num_layers)
+
+
+def align_plan_heads(model: nn.Module, plan: ModelPlan, multiple: int) -> int:
+    """Without tensor parallelism: make the plan's LM heads :class:`AlignedLMHead` (their CUDA
+    products over the vocabulary padded to ``multiple``; parameters unchanged). Returns how
+    many were changed."""
+    heads = [model.get_submodule(layer.path) for layer in plan.layers if layer.style == "lm_head"]
+    return sum(align_lm_head(head, multiple) for head in heads)
 
 
 def apply_optimizations(model: nn.Module, plan: ModelPlan, config: ShardConfig) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from kolossos.shardformer.layer.aligned_head import align_lm_head
-from kolossos.shardformer.optimizations import apply_optimizations
+from kolossos.shardformer.optimizations import align_plan_heads, apply_optimizations
 from kolossos.shardformer.policies.auto_policy import get_autopolicy
 from kolossos.shardformer.policies.base_policy import ModelPlan, Policy
 from kolossos.shardformer.shard_config import ShardConfig
@@ -91,11 +90,8 @@ class ShardFormer:
                     return model, []  # nothing to shard and no plan needed
                 raise
             apply_optimizations(model, plan, config)
-            for layer in plan.layers:  # tensor parallelism pads its vocabulary-parallel head
-                if layer.style == "lm_head":
-                    align_lm_head(
-                        model.get_submodule(layer.path), config.make_vocab_size_divisible_by
-                    )
+            # (tensor parallelism pads its vocabulary-parallel head instead)
+            align_plan_heads(model, plan, config.make_vocab_size_divisible_by)
             shared = [
                 dict.fromkeys(names, model.get_parameter(names[0]))
                 for names in tied_groups(model, plan)

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gemini_capacity import gpt2_params, layers_for
-
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # benchmarks/ sits beside the package, not installed with it
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.gemini_capacity import gpt2_params, layers_for  # noqa: E402
+
 HANG_S = 600  # detects a hang only: ~10 s on a loaded 2-core machine
 
 

@@ -3,9 +3,16 @@ device: ``python -m benchmarks.profile_gpu`` on a lent machine)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from benchmarks.profile_gpu import classify_kernel, kernel_times
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # benchmarks/ sits beside the package, not installed with it
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.profile_gpu import classify_kernel, kernel_times  # noqa: E402
 
 
 @pytest.mark.parametrize(

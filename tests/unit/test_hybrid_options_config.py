@@ -202,3 +202,29 @@ def test_aligned_lm_head_same_numbers_and_parameters() -> None:
     for got, want in zip(grads[1], grads[0], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert set(head.state_dict()) == {"weight", "bias"}
+
+
+def test_tp1_aligns_the_head_without_other_options() -> None:
+    """tp 1 with nothing for ShardFormer to do: the plan's LM head still runs aligned (tie and
+    parameters kept); ``make_vocab_size_divisible_by=1`` or a model without a plan: unchanged."""
+    transformers = pytest.importorskip("transformers")
+    from kolossos.hybrid.sharding import needs_sharding, shard_model
+
+    def gpt2() -> nn.Module:
+        config = transformers.GPT2Config(vocab_size=500, n_embd=16, n_layer=1, n_head=2)
+        return transformers.GPT2LMHeadModel(config)
+
+    config = HybridParallelConfig(tp_size=1)
+    assert not needs_sharding(config)
+    model = gpt2()
+    params = dict(model.named_parameters())
+    assert shard_model(model, config, None) is model  # type: ignore[arg-type]
+    assert type(model.lm_head) is AlignedLMHead and model.lm_head.multiple == 64
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert dict(model.named_parameters()) == params
+    plain = gpt2()
+    shard_model(plain, HybridParallelConfig(tp_size=1, make_vocab_size_divisible_by=1), None)  # type: ignore[arg-type]
+    assert type(plain.lm_head) is nn.Linear
+    other = nn.Sequential(nn.Linear(4, 500))
+    shard_model(other, config, None)  # type: ignore[arg-type]
+    assert type(other[0]) is nn.Linear
