@@ -1,7 +1,8 @@
 """ShardFormer's optimisations, applied to a model before it is sharded: SDPA attention
 (``enable_flash_attention``), fused norms (``enable_fused_normalization``), fused dropout + add
-(``enable_jit_fused``) and activation checkpointing of the first blocks
-(``gradient_checkpoint_config``). Parameters and their names are unchanged by all of them.
+and tanh-GELU (``enable_jit_fused``), activation checkpointing of the first blocks
+(``gradient_checkpoint_config``), and without tensor parallelism the LM head's aligned products
+(:func:`align_plan_heads`). Parameters and their names are unchanged by all of them.
 
 See ``docs/tensor_parallel.md`` ("ShardFormer optimisations") for what each does per family.
 """
