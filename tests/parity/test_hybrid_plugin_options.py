@@ -352,3 +352,45 @@ def test_overlap_allgather_with_a_pipeline() -> None:
     gatherer = on[3].gatherer
     assert gatherer.waited_in_forward == (STEPS - 1) * len(gatherer.buckets)
     assert_same_pipeline(off, on)
+
+
+def _single_process(model: nn.Module, family: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The same training in one process, whole batches, plain module (the reference)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
+    losses = []
+    for batch in batches(family):
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@distributed(2)
+def test_aligned_lm_head_matches_single_process() -> None:
+    """dp 2 at tp 1: the LM head's products over the padded vocabulary (128 rows padded to 192,
+    the padded path forced on the CPU) train exactly as one process with the plain head."""
+    from kolossos.shardformer.layer.aligned_head import AlignedLMHead
+
+    torch.manual_seed(0)
+    model = build("gpt2")
+    reference = copy.deepcopy(model)
+    ref_losses, ref_params = _single_process(reference, "gpt2")
+    devices = AlignedLMHead.devices
+    AlignedLMHead.devices = ("cpu",)
+    try:
+        with spy(F, "pad") as pads:
+            losses, params, _, module, initial = train(model, "gpt2", 1,
+                                                       make_vocab_size_divisible_by=96)  # fmt: skip
+    finally:
+        AlignedLMHead.devices = devices
+    head = module.lm_head
+    assert type(head) is AlignedLMHead and head.weight is module.transformer.wte.weight
+    assert head.weight.shape == (128, 32) and pads[0] >= STEPS  # the padded product ran
+    tol = 1e-5  # dp 2 sums the gradients in another order than one process
+    assert_moved(initial, params, tol, each=MOVE_EACH)
+    torch.testing.assert_close(losses, ref_losses, rtol=tol, atol=tol)
+    assert params.keys() == ref_params.keys()
+    for name, value in params.items():
+        torch.testing.assert_close(value, ref_params[name], rtol=tol, atol=tol, msg=name)
