@@ -81,7 +81,7 @@ class Contender:
     name: str = ""
     """row name, e.g. ``kolossos-ddp``"""
     role: str = "baseline"
-    """``kolossos`` or ``baseline``"""
+    """``kolossos``, ``baseline`` or ``floor`` (:class:`ComputeFloor`)"""
     strategy: str = "ddp"
     """model-state / communication estimator strategy: ``ddp``, ``zero1``, ``zero2``, ``zero3``"""
     single: bool = False
@@ -133,6 +133,34 @@ class SingleProcess(Contender):
 
     def setup(self, model: nn.Module, ctx: Context) -> Setup:
         return self._plain(model, model, ctx)
+
+
+class ComputeFloor(Contender):
+    """Every rank runs forward and backward of its own replica: no communication, no optimizer.
+
+    The work all rows of a job share, under the same load (it runs interleaved with them): its
+    CPU seconds per token bound what any data-parallel implementation of the job can cost, so a
+    baseline's CPU per token over the floor's is the largest CPU cost ratio any row can reach
+    against that baseline (``python -m benchmarks summary`` prints it as the *ceiling*). Only an
+    implementation that allocates less than autograd's fresh gradients (page faults) could go
+    below it.
+    """
+
+    name, role = "floor", "floor"
+    description = "forward + backward on each rank, no communication, no optimizer (the floor)"
+
+    def setup(self, model: nn.Module, ctx: Context) -> Setup:
+        def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            with self._autocast(ctx):
+                return ctx.spec.loss(model(x), y)
+
+        return Setup(
+            forward_loss=forward_loss,
+            backward=lambda loss: loss.backward(),
+            step=lambda: None,
+            zero_grad=lambda: model.zero_grad(set_to_none=True),
+            track=[model],
+        )
 
 
 class TorchDDP(Contender):
@@ -213,4 +241,6 @@ class FSDP2(Contender):
 
 def native_contenders() -> dict[str, Contender]:
     """The contenders that need nothing beyond torch and kolossos, by name."""
-    return {c.name: c for c in (SingleProcess(), TorchDDP(), KolossosDDP(), FSDP2())}
+    return {
+        c.name: c for c in (SingleProcess(), TorchDDP(), KolossosDDP(), FSDP2(), ComputeFloor())
+    }

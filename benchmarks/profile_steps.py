@@ -16,6 +16,10 @@ from its suite), runs the warm-up steps, then profiles the timed steps with ``to
 * ``other``: the rest of the wall time, on no operator: Python (hooks, per-bucket and per-chunk
   bookkeeping), the interpreter, and waits the profiler does not see.
 
+Beside them (``getrusage``, Linux): the process's CPU seconds over all its threads (``proc CPU``,
+gloo's included), the part of it spent in the kernel (``sys``: page faults of fresh memory,
+loopback TCP copies) and the main thread's minor page faults (``faults``, thousands).
+
 Rows run one after another (not interleaved), so on a loaded machine compare categories within a
 row rather than absolute times between rows; ``--repeat`` alternates the rows that many times
 and reports the median per category.
@@ -32,6 +36,7 @@ import argparse
 import copy
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -143,6 +148,15 @@ def _split(events: Any) -> dict[str, float]:
     return out
 
 
+def _usage() -> tuple[Any, Any]:
+    """``getrusage`` of the calling thread and of the whole process."""
+    return resource.getrusage(resource.RUSAGE_THREAD), resource.getrusage(resource.RUSAGE_SELF)
+
+
+def _cpu(usage: Any) -> float:
+    return float(usage.ru_utime + usage.ru_stime)
+
+
 def _profile_row(setup: Any, batches: list[Any]) -> list[dict[str, float]]:
     """Profile ``len(batches)`` steps of one built row; seconds per category per step."""
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -152,6 +166,7 @@ def _profile_row(setup: Any, batches: list[Any]) -> list[dict[str, float]]:
     steps: list[dict[str, float]] = []
     for batch in batches:
         dist.barrier()
+        thread0, proc0 = _usage()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0, c0 = time.perf_counter(), time.thread_time()
             with record_function("phase::fwd"):
@@ -166,12 +181,16 @@ def _profile_row(setup: Any, batches: list[Any]) -> list[dict[str, float]]:
                 setup.zero_grad()
                 sync()
             t3, c3 = time.perf_counter(), time.thread_time()
+        thread3, proc3 = _usage()
         split = _split(prof.events())
         wall = t3 - t0
         result = {k: split.get(k, 0.0) for k in CATEGORIES if k != "other"}
         result["other"] = max(0.0, wall - split["_covered"])
         result["wall"], result["cpu"] = wall, c3 - c0
         result["phase_fwd"], result["phase_bwd"], result["phase_step"] = t1 - t0, t2 - t1, t3 - t2
+        result["proc_cpu"] = _cpu(proc3) - _cpu(proc0)
+        result["proc_sys"] = proc3.ru_stime - proc0.ru_stime
+        result["faults"] = float(thread3.ru_minflt - thread0.ru_minflt)
         steps.append(result)
     return steps
 
@@ -235,13 +254,17 @@ def rank_main(rank: int, world_size: int, port: int, args: dict[str, Any]) -> An
 
 def format_table(per_rank: list[dict[str, dict[str, float]]], rows: list[str]) -> str:
     """Markdown: ms per step and category, the mean over ranks of each rank's median."""
-    head = "| row | wall | main-thread CPU | " + " | ".join(CATEGORIES) + " | fwd / bwd / step |"
-    lines = [head, "|---" * (len(CATEGORIES) + 4) + "|"]
+    head = "| row | wall | main-thread CPU | " + " | ".join(CATEGORIES) + " | fwd / bwd / step "
+    head += "| proc CPU | sys | faults (k) |"
+    lines = [head, "|---" * (len(CATEGORIES) + 7) + "|"]
     for name in rows:
         mean = {k: statistics.mean(r[name][k] for r in per_rank) * 1e3 for k in per_rank[0][name]}
         cells = " | ".join(f"{mean[k]:.0f}" for k in CATEGORIES)
         phases = f"{mean['phase_fwd']:.0f} / {mean['phase_bwd']:.0f} / {mean['phase_step']:.0f}"
-        lines.append(f"| {name} | {mean['wall']:.0f} | {mean['cpu']:.0f} | {cells} | {phases} |")
+        usage = f"{mean['proc_cpu']:.0f} | {mean['proc_sys']:.0f} | {mean['faults'] / 1e6:.0f}"
+        lines.append(
+            f"| {name} | {mean['wall']:.0f} | {mean['cpu']:.0f} | {cells} | {phases} | {usage} |"
+        )
     return "\n".join(lines)
 
 

@@ -5,7 +5,10 @@ Reads result files of the runner (``--out`` JSON, one per world size) and writes
 * a **ratio table**: every kolossos row against the baselines it must beat (ZeRO-1/2 against
   the same DeepSpeed stage, Gemini against DeepSpeed ZeRO-3 and FSDP2, the DDP and FSDP plugins
   against torch's), as the step-paired throughput ratio (median [p10, p90]), the step-paired CPU
-  cost ratio (> 1: kolossos costs less CPU per token) and the peak memory per rank of both;
+  cost ratio (> 1: kolossos costs less CPU per token), the CPU cost ratio's *ceiling* when the
+  job ran the ``floor`` row (the baseline's CPU per token over the floor's: no row that runs the
+  model's forward and backward can cost less than the floor, so no CPU cost ratio against that
+  baseline can exceed it) and the peak memory per rank of both;
 * a **scaling table** from the ``--scaling`` files (one model at several world sizes): every
   row's throughput at each world size and its speed-up over the smallest one;
 * a PNG with both (``--plot``, needs matplotlib: ``.venv-bench`` has it).
@@ -80,9 +83,9 @@ def _fmt(r: dict[str, float]) -> str:
 def ratio_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: each kolossos row against its baselines, per job (file, suite, model)."""
     lines = [
-        "| run | ranks | model | row | vs | throughput ratio | CPU cost ratio "
+        "| run | ranks | model | row | vs | throughput ratio | CPU cost ratio | ceiling "
         "| peak MiB/rank (baseline) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     jobs: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -102,10 +105,17 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
                     continue
                 speed = _paired(row["slots"]["throughput"], ref["slots"]["throughput"])
                 cost = _paired(ref["slots"]["cpu_per_unit"], row["slots"]["cpu_per_unit"])
+                floor = by_name.get("floor")
+                ceiling = (
+                    _fmt(_paired(ref["slots"]["cpu_per_unit"], floor["slots"]["cpu_per_unit"]))
+                    if floor is not None
+                    and len(floor["slots"]["cpu_per_unit"]) == len(ref["slots"]["cpu_per_unit"])
+                    else "-"
+                )
                 lines.append(
                     f"| {labels[file, suite]} | {row['world_size']} | {model} | {name} | {base} | "
-                    f"{_fmt(speed)} | "
-                    f"{_fmt(cost)} | {_peak(row):.0f} ({_peak(ref):.0f}) |"
+                    f"{_fmt(speed)} | {_fmt(cost)} | {ceiling} | "
+                    f"{_peak(row):.0f} ({_peak(ref):.0f}) |"
                 )
     return "\n".join(lines)
 

@@ -135,7 +135,7 @@ class KolossosGemini(KolossosBoosted):
 
 def _contenders() -> dict[str, Contender]:
     native = native_contenders()
-    rows: list[Contender] = [native["torch-ddp"], native["fsdp2"]]
+    rows: list[Contender] = [native["torch-ddp"], native["fsdp2"], native["floor"]]
     rows += [DeepSpeedZero(stage) for stage in (1, 2, 3)]
     rows += [KolossosZero(1), KolossosZero(2), KolossosGemini()]
     return {c.name: c for c in rows}

@@ -31,7 +31,11 @@ def test_ratio_and_scaling_tables(tmp_path: Path) -> None:
     ]
     table = ratio_table(rows)
     assert "| r2 | 2 | gpt2-tiny | kolossos-zero2 | deepspeed-zero2 | 1.10 [1.02, 1.18] |" in table
-    assert "1.20 [1.12, 1.28] | 3 (4) |" in table
+    assert "1.20 [1.12, 1.28] | - | 3 (4) |" in table  # no floor row in the job: no ceiling
+    floor = _row("floor", 2, [15.0, 15.0, 15.0], [0.8, 0.8, 0.8], 2**20)
+    ceiling = ratio_table([*rows, floor])  # deepspeed-zero2's CPU over the floor's, per step
+    assert "| 1.20 [1.12, 1.28] | 1.50 [1.40, 1.60] | 3 (4) |" in ceiling
+    assert "| floor |" not in ceiling  # the floor is a bound, not a row to compare
     assert scaling_table(rows) == ""  # one world size only
     more = [*rows, _row("kolossos-zero2", 4, [22.0], [1.0], 2**20)]
     assert "| gpt2-tiny | kolossos-zero2 | 11 (1.00×) | 22 (2.00×) |" in scaling_table(more)
