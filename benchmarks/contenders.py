@@ -109,15 +109,19 @@ class Contender:
             return torch.autocast(device_type=ctx.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _plain(self, module: nn.Module, params_of: nn.Module, ctx: Context) -> Setup:
-        optimizer = ctx.adam(params_of.parameters())
-
+    def _forward_loss(
+        self, module: nn.Module, ctx: Context
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             with self._autocast(ctx):
                 return ctx.spec.loss(module(x), y)
 
+        return forward_loss
+
+    def _plain(self, module: nn.Module, params_of: nn.Module, ctx: Context) -> Setup:
+        optimizer = ctx.adam(params_of.parameters())
         return Setup(
-            forward_loss=forward_loss,
+            forward_loss=self._forward_loss(module, ctx),
             backward=lambda loss: loss.backward(),
             step=optimizer.step,
             zero_grad=lambda: optimizer.zero_grad(set_to_none=True),
@@ -150,12 +154,8 @@ class ComputeFloor(Contender):
     description = "forward + backward on each rank, no communication, no optimizer (the floor)"
 
     def setup(self, model: nn.Module, ctx: Context) -> Setup:
-        def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            with self._autocast(ctx):
-                return ctx.spec.loss(model(x), y)
-
         return Setup(
-            forward_loss=forward_loss,
+            forward_loss=self._forward_loss(model, ctx),
             backward=lambda loss: loss.backward(),
             step=lambda: None,
             zero_grad=lambda: model.zero_grad(set_to_none=True),
