@@ -92,26 +92,24 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
         jobs.setdefault((row["_file"], row["suite"], row["model"]), {})[row["name"]] = row
     labels = _run_label(rows)
     for (file, suite, model), by_name in jobs.items():
+        floor = by_name.get("floor")
         for name, bases in BASELINES.items():
             mine = by_name.get(name)
             if mine is None:
                 continue
             row = mine
+            steps = len(row["slots"]["throughput"])
             for base in bases:
                 ref = by_name.get(base)
-                if ref is None or len(ref["slots"]["throughput"]) != len(
-                    row["slots"]["throughput"]
-                ):
+                if ref is None or len(ref["slots"]["throughput"]) != steps:
                     continue
                 speed = _paired(row["slots"]["throughput"], ref["slots"]["throughput"])
                 cost = _paired(ref["slots"]["cpu_per_unit"], row["slots"]["cpu_per_unit"])
-                floor = by_name.get("floor")
-                ceiling = (
-                    _fmt(_paired(ref["slots"]["cpu_per_unit"], floor["slots"]["cpu_per_unit"]))
-                    if floor is not None
-                    and len(floor["slots"]["cpu_per_unit"]) == len(ref["slots"]["cpu_per_unit"])
-                    else "-"
-                )
+                ceiling = "-"
+                if floor is not None and len(floor["slots"]["cpu_per_unit"]) == steps:
+                    ceiling = _fmt(
+                        _paired(ref["slots"]["cpu_per_unit"], floor["slots"]["cpu_per_unit"])
+                    )
                 lines.append(
                     f"| {labels[file, suite]} | {row['world_size']} | {model} | {name} | {base} | "
                     f"{_fmt(speed)} | {_fmt(cost)} | {ceiling} | "
