@@ -17,6 +17,7 @@ from kolossos.zero.gemini.chunk import (
     check_transition,
     find_chunk_configuration,
     search_chunk_size,
+    tied_params,
 )
 
 S = TensorState
@@ -50,6 +51,22 @@ def test_packing_in_initialisation_order_with_ties() -> None:
     assert all(info.state is S.FREE for info in chunk.tensors)
 
 
+def test_tied_parameter_packed_alone() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Embedding(10, 4), nn.Linear(4, 3),
+                          nn.Linear(4, 10, bias=False))  # fmt: skip
+    model[3].weight = model[1].weight
+    assert tied_params(model) == {model[1].weight}
+    named = list(model.named_parameters())
+    manager = ChunkManager(named, 64, torch.float16, None, torch.device("cpu"),
+                           alone=tied_params(model))  # fmt: skip
+    layout = [[info.name for info in c.tensors] for c in manager.chunks]
+    assert layout == [["0.weight", "0.bias"], ["1.weight"], ["2.weight", "2.bias"]]
+    assert [c.chunk_size for c in manager.chunks] == [64, 40, 15]  # the lone one cut to size
+    # the search simulates the same packing: the room left before the lone one is the waste
+    assert search_chunk_size([20, 40, 15], 0, 64, 1, alone=[False, True, False]) == (64, 44)
+    assert search_chunk_size([20, 40, 15], 0, 64, 1) == (64, 4)
+
+
 def test_search_minimises_waste() -> None:
     # sizes 6, 6, 6, 6: chunk size 12 packs two per chunk without gaps; 10 wastes 4 per chunk
     assert search_chunk_size([6, 6, 6, 6], search_range=4, min_chunk_size=10, interval=1) == (12, 0)
@@ -72,9 +89,12 @@ def test_search_wastes_under_two_percent_on_gpt2(n_embd: int, n_layer: int, n_he
         # the packing the manager does wastes what the search predicted
         named = list(model.named_parameters())
         manager = ChunkManager(named, config["chunk_size"], torch.float16, None,
-                               torch.device("cpu"))  # fmt: skip
+                               torch.device("cpu"), alone=tied_params(model))  # fmt: skip
         capacity = sum(c.chunk_size for c in manager.chunks)
         assert capacity - result.used == result.wasted
+        # the tied embedding alone, cut to its size: the LM head gathers nothing else
+        assert [i.name for i in manager.chunks[0].tensors] == ["transformer.wte.weight"]
+        assert manager.chunks[0].chunk_size == model.transformer.wte.weight.numel()
     assert "used number: 118.68 MB" in result.report() or n_embd != 768
 
 

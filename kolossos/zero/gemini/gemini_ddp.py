@@ -29,7 +29,12 @@ from kolossos.accelerator import get_accelerator
 from kolossos.amp import cast_floating
 from kolossos.interface import ModelWrapper
 from kolossos.lazy import is_lazy, lazy_named_tensors
-from kolossos.zero.gemini.chunk import ChunkManager, find_chunk_configuration, unique_params
+from kolossos.zero.gemini.chunk import (
+    ChunkManager,
+    find_chunk_configuration,
+    tied_params,
+    unique_params,
+)
 from kolossos.zero.gemini.colo_params import prepare_dtensor_params
 from kolossos.zero.gemini.full_tensors import FullTensorIO
 from kolossos.zero.gemini.gemini_hooks import GeminiHooks
@@ -134,7 +139,8 @@ class GeminiDDP(ModelWrapper):
             if verbose and _is_first_rank():
                 _logger.info(result.report())
         self.chunk_manager = ChunkManager(unique_params(module), _chunk_size(chunk_config_dict),
-                                          mixed_precision, process_group, compute)  # fmt: skip
+                                          mixed_precision, process_group, compute,
+                                          alone=tied_params(module))  # fmt: skip
         self.policy = create_placement_policy(
             placement_policy,
             device=compute,

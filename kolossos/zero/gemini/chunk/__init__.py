@@ -12,6 +12,7 @@ from kolossos.zero.gemini.chunk.search import (
     ChunkSearchResult,
     find_chunk_configuration,
     search_chunk_size,
+    tied_params,
     unique_params,
 )
 from kolossos.zero.gemini.chunk.search_utils import (
@@ -43,5 +44,6 @@ __all__ = [
     "init_chunk_manager",
     "search_chunk_configuration",
     "search_chunk_size",
+    "tied_params",
     "unique_params",
 ]

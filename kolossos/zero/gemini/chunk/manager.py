@@ -7,7 +7,7 @@ placement policy reads (``total_mem``) and changes (``move_chunk``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ class ChunkManager:
         dtype: torch.dtype,
         group: dist.ProcessGroup | None,
         compute_device: torch.device,
+        alone: Collection[nn.Parameter] = (),
     ) -> None:
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.group = group
@@ -51,21 +52,28 @@ class ChunkManager:
         self.accessed_chunks: list[Chunk] = []  # gathered now, in the order they were gathered
         self.prefetches = 0  # asynchronous gathers issued ahead of use
         self.comm = ChunkComm(group)
-        self._pack(named_params)
+        self._pack(named_params, alone)
 
-    def _pack(self, named_params: Sequence[tuple[str, nn.Parameter]]) -> None:
+    def _pack(
+        self, named_params: Sequence[tuple[str, nn.Parameter]], alone: Collection[nn.Parameter]
+    ) -> None:
         groups: list[list[tuple[str, nn.Parameter]]] = []
+        cut: list[bool] = []  # chunk cut to its content: the last and those of a lone parameter
+        lone = {id(p) for p in alone}
         room = 0
         for name, p in named_params:
-            if p.numel() > room or not groups:
+            single = id(p) in lone
+            if single or p.numel() > room or not groups:
                 groups.append([])
+                cut.append(single)
                 room = max(self.chunk_size, p.numel())
             groups[-1].append((name, p))
-            room -= p.numel()
-        for members in groups:
-            used = sum(p.numel() for _, p in members)
-            size = _round_up(used, self.world_size) if members is groups[-1] else self.chunk_size
-            size = max(size, _round_up(used, self.world_size))
+            room = 0 if single else room - p.numel()
+        if cut:
+            cut[-1] = True
+        for members, to_content in zip(groups, cut, strict=True):
+            used = _round_up(sum(p.numel() for _, p in members), self.world_size)
+            size = used if to_content else max(self.chunk_size, used)
             chunk = Chunk(len(self.chunks), size, self.dtype, self.group, self.compute_device,
                           comm=self.comm)  # fmt: skip
             for name, p in members:

@@ -5,11 +5,14 @@ This is the search ``GeminiDDP`` runs (:func:`find_chunk_configuration`); Coloss
 :mod:`~kolossos.zero.gemini.chunk.search_utils`.
 
 Parameters are packed in initialisation order; a parameter that does not fit in the room left in
-the current chunk opens a new one, and the room left behind is wasted. Every candidate size in
-``[min_chunk_size, min_chunk_size + search_range]`` on a grid of ``hidden_dim`` elements is
-simulated at once (vectorised over candidates), and the size with the least waste wins (the
-smallest such size on a tie). The last chunk is cut to what it holds, so only gaps count.
-Sizes are in elements; the ``_m`` arguments are in Mi-elements (2**20), as in Colossal-AI.
+the current chunk opens a new one, and the room left behind is wasted. A tied parameter (one that
+several modules register, as a tied embedding and LM head do) is packed alone in a chunk cut to its
+size: it is used at both ends of the step, and chunk-mates would stay gathered with it.
+Every candidate size in ``[min_chunk_size, min_chunk_size + search_range]`` on a grid of
+``hidden_dim`` elements is simulated at once (vectorised over candidates), and the size with
+the least waste wins (the smallest such size on a tie). The last chunk is cut to what it
+holds, so only gaps count. Sizes are in elements; the ``_m`` arguments are in Mi-elements
+(2**20), as in Colossal-AI.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-__all__ = ["ChunkSearchResult", "find_chunk_configuration", "search_chunk_size", "unique_params"]
+__all__ = [
+    "ChunkSearchResult",
+    "find_chunk_configuration",
+    "search_chunk_size",
+    "tied_params",
+    "unique_params",
+]
 
 _logger = logging.getLogger(__name__)
 _MI = 2**20
@@ -64,11 +73,25 @@ def unique_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return list(module.named_parameters(remove_duplicate=True))
 
 
-def _waste(numels: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-    """Elements wasted by packing ``numels`` in order into chunks of each of ``sizes``."""
+def tied_params(module: nn.Module) -> set[nn.Parameter]:
+    """The parameters that more than one module registers (tied weights)."""
+    seen: set[nn.Parameter] = set()  # tensors hash by identity
+    tied: set[nn.Parameter] = set()
+    for _, p in module.named_parameters(remove_duplicate=False):
+        (tied if p in seen else seen).add(p)
+    return tied
+
+
+def _waste(numels: torch.Tensor, sizes: torch.Tensor, alone: Sequence[bool]) -> torch.Tensor:
+    """Elements wasted by packing ``numels`` in order into chunks of each of ``sizes``; a
+    parameter marked ``alone`` closes the open chunk and gets one cut to its size."""
     left = torch.zeros_like(sizes)
     waste = torch.zeros_like(sizes)
-    for n in numels.tolist():
+    for i, n in enumerate(numels.tolist()):
+        if i < len(alone) and alone[i]:
+            waste += left
+            left = torch.zeros_like(sizes)
+            continue
         fits = left >= n
         big = sizes < n  # an oversize parameter gets a chunk of its own size
         opened = ~fits
@@ -78,9 +101,14 @@ def _waste(numels: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 
 
 def search_chunk_size(
-    numels: Sequence[int], search_range: int, min_chunk_size: int, interval: int
+    numels: Sequence[int],
+    search_range: int,
+    min_chunk_size: int,
+    interval: int,
+    alone: Sequence[bool] = (),
 ) -> tuple[int, int]:
-    """``(chunk_size, wasted elements)`` for parameter sizes ``numels`` (in elements).
+    """``(chunk_size, wasted elements)`` for parameter sizes ``numels`` (in elements);
+    ``alone[i]`` marks a parameter packed in a chunk of its own (a tied one).
 
     Raises:
         ValueError: for a negative range, a non-positive minimum or interval.
@@ -94,7 +122,7 @@ def search_chunk_size(
     if total <= min_chunk_size:  # everything fits in one chunk
         return max(total, 1), 0
     sizes = torch.arange(min_chunk_size, min_chunk_size + search_range + 1, interval)
-    waste = _waste(torch.tensor(list(numels), dtype=torch.int64), sizes.to(torch.int64))
+    waste = _waste(torch.tensor(list(numels), dtype=torch.int64), sizes.to(torch.int64), alone)
     best = int(torch.argmin(waste))  # first minimum: the smallest size
     return int(sizes[best]), int(waste[best])
 
@@ -133,12 +161,15 @@ def find_chunk_configuration(
     if hidden_dim is not None and (isinstance(hidden_dim, bool) or hidden_dim <= 0):
         raise ValueError(f"hidden_dim={hidden_dim!r} must be a positive int (e.g. n_embd).")
     start = time.perf_counter()
-    numels = [p.numel() for _, p in unique_params(model)]
+    params = [p for _, p in unique_params(model)]
+    tied = tied_params(model)
+    numels = [p.numel() for p in params]
     size, wasted = search_chunk_size(
         numels,
         int(search_range_m * _MI),
         max(1, int(min_chunk_size_m * _MI)),
         hidden_dim or DEFAULT_HIDDEN_DIM,
+        [p in tied for p in params],
     )
     result = ChunkSearchResult(
         chunk_size=size, used=sum(numels), wasted=wasted, seconds=time.perf_counter() - start

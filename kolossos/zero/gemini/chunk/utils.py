@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from kolossos.accelerator import get_accelerator
 from kolossos.zero.gemini.chunk.manager import ChunkManager
-from kolossos.zero.gemini.chunk.search import unique_params
+from kolossos.zero.gemini.chunk.search import tied_params, unique_params
 from kolossos.zero.gemini.chunk.search_utils import flat_chunk_config, search_chunk_configuration
 
 __all__ = ["init_chunk_manager"]
@@ -84,6 +84,7 @@ def init_chunk_manager(
         floating[0] if floating else torch.float32,
         group,
         torch.device(device),
+        alone=tied_params(model),
     )
     for chunk in manager:
         chunk.keep_gathered = bool(entry.get("keep_gathered", False))
