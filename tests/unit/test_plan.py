@@ -132,6 +132,15 @@ def test_chunk_search_and_packing_match_gemini() -> None:
         params = [(f"p{i}", torch.nn.Parameter(torch.empty(n))) for i, n in enumerate(numels)]
         manager = ChunkManager(params, size, torch.float32, None, torch.device("cpu"))
         assert chunk_sizes(numels, 1, size) == [c.chunk_size for c in manager.chunks]
+        for alone in (0, 2, len(numels) - 1):  # a tied tensor: alone in a chunk
+            mask = [i == alone for i in range(len(numels))]
+            size = search_chunk_size(numels, 1500, 1000, 100, alone=alone)
+            assert size == gemini_search(numels, 1500, 1000, 100, alone=mask)[0]
+            manager = ChunkManager(params, size, torch.float32, None, torch.device("cpu"),
+                                   alone=[params[alone][1]])  # fmt: skip
+            assert chunk_sizes(numels, 1, size, alone=alone) == [
+                c.chunk_size for c in manager.chunks
+            ]
     assert chunk_sizes([10, 20], 4) == [32]  # under min_chunk_size: one chunk, rounded to N
 
 

@@ -92,7 +92,8 @@ def comm_estimate(layout: Layout, work: Workload) -> CommEstimate:
     shape, w = work.shape, working_bytes(layout.precision)
     ranks = rank_models(shape, layout.tp, layout.pp)
     worst = max(ranks, key=lambda r: r.numel)
-    chunks = len(chunk_sizes(worst.sizes, layout.dp)) if layout.plugin == "gemini" else 0
+    chunks = (len(chunk_sizes(worst.sizes, layout.dp, alone=worst.tied_index))
+              if layout.plugin == "gemini" else 0)  # fmt: skip
     dp, offload = _data_parallel(layout, float(worst.numel), chunks)
     m = layout.microbatches if layout.pp > 1 else 1
     tokens = work.batch // layout.dp // m * work.seq_len

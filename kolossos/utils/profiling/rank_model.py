@@ -48,6 +48,9 @@ class RankModel:
     """the last stage of a pipeline holds its own copy of a tied embedding"""
     sizes: tuple[int, ...] = ()
     """every tensor's local size, in registration order"""
+    tied_index: int = -1
+    """index into :attr:`sizes` of the embedding the output head shares (-1: none here); Gemini
+    packs it alone in a chunk"""
     head_tensors: int = 0
     """tensors used after the blocks (their gradients arrive first)"""
     block_tensors: int = 0
@@ -94,6 +97,7 @@ def _stage(
     sizes: list[int] = []
     order: list[tuple[int, int, int]] = []  # (segment's turn in backward, -layer, -index)
     embed = head = layer_numel = layer_largest = 0
+    tied_index = -1
     word = next((n for sp, n in zip(specs, local, strict=True) if sp.tp == "vocab"), 0)
     for spec, n in zip(specs, local, strict=True):
         if spec.segment == "layer":
@@ -105,6 +109,8 @@ def _stage(
             order.append((1, -spec.layer, -len(sizes)))
         elif spec.segment == "embed" and first:
             embed += n
+            if tied and last and spec.tp == "vocab" and tied_index < 0:
+                tied_index = len(sizes)
             order.append((2, 0, -len(sizes)))
         elif spec.segment == "head" and last:
             head += n
@@ -131,6 +137,7 @@ def _stage(
         has_head=last,
         tied_copy=copy,
         sizes=tuple(sizes),
+        tied_index=tied_index,
         head_tensors=sum(1 for key in order if key[0] == 0),
         block_tensors=sum(1 for key in order if key[0] == 1 and key[1] == -lo),
         arrival=tuple(-key[2] for key in sorted(order)),

@@ -3,14 +3,15 @@
 
 * **Gemini** packs the parameters, in registration order, into chunks (the same chunk-size search
   as :func:`kolossos.zero.gemini.chunk.find_chunk_configuration`: a model under
-  ``min_chunk_size_m`` = 32 Mi elements is one chunk). Per chunk of ``C`` elements a rank keeps
-  its fp32 master and AdamW states (``12 C / N``); while the chunk is in use the full payload in
-  the working dtype (``W C``) and, for fp16/bf16, a working copy of its shard (``W C / N``);
-  during backward its gradients are written over that payload (a kept-gathered chunk's into a
-  full gradient payload of their own, ``W C``) until they are complete, then an fp32 gradient
-  shard (``4 C / N``) until the step. A tied LM head keeps the embedding's chunk gathered, and
-  its gradients unreduced, from the head's use to the embedding's. From the end of forward to the
-  start of backward only the head's chunks are gathered (nothing is prefetched over the loss).
+  ``min_chunk_size_m`` = 32 Mi elements is one chunk, a tied embedding is alone in a chunk).
+  Per chunk of ``C`` elements a rank keeps its fp32 master and AdamW states (``12 C / N``);
+  while the chunk is in use the full payload in the working dtype (``W C``) and, for fp16/bf16,
+  a working copy of its shard (``W C / N``); during backward its gradients are written over that
+  payload (a kept-gathered chunk's into a full gradient payload of their own, ``W C``) until
+  they are complete, then an fp32 gradient shard (``4 C / N``) until the step. A tied LM head
+  keeps the embedding's chunk gathered, and its gradients unreduced, from the head's use to the
+  embedding's. From the end of forward to the start of backward only the head's chunks are
+  gathered (nothing is prefetched over the loss).
 * **FSDP2** shards fp32 parameters (``4 Ψ / N``), fp32 gradients (``4 Ψ / N``, reduced in fp32)
   and AdamW states; each block is a unit gathered in the working dtype for its forward and again
   for its backward (the next one prefetched), the root unit (embeddings, final norm, head) stays
@@ -43,46 +44,60 @@ _MI = 2**20
 
 def search_chunk_size(
     numels: Sequence[int], search_range: int = 32 * _MI, min_chunk: int = 32 * _MI,
-    interval: int = 1024,
+    interval: int = 1024, alone: int = -1,
 ) -> int:  # fmt: skip
     """Gemini's chunk size for tensors of ``numels`` elements: the size in ``[min_chunk,
     min_chunk + search_range]`` (step ``interval``) wasting the fewest elements at chunk ends,
-    the smallest on a tie; everything in one chunk when it fits in ``min_chunk``."""
+    the smallest on a tie; everything in one chunk when it fits in ``min_chunk``. The tensor at
+    index ``alone`` (a tied embedding) closes the open chunk and has one of its own."""
     total = sum(numels)
     if total <= min_chunk:
         return max(total, 1)
     sizes = np.arange(min_chunk, min_chunk + search_range + 1, interval, dtype=np.int64)
     left = np.zeros_like(sizes)
     waste = np.zeros_like(sizes)
-    for n in numels:
+    for i, n in enumerate(numels):
+        if i == alone:
+            waste += left
+            left = np.zeros_like(sizes)
+            continue
         fits = left >= n
         waste += np.where(fits, 0, left)
         left = np.where(fits, left - n, np.where(sizes < n, 0, sizes - n))
     return int(sizes[int(np.argmin(waste))])
 
 
-def chunk_sizes(numels: Sequence[int], world_size: int, chunk_size: int | None = None) -> list[int]:
+def chunk_sizes(
+    numels: Sequence[int], world_size: int, chunk_size: int | None = None, alone: int = -1
+) -> list[int]:
     """The chunks' sizes (elements, multiples of ``world_size``) Gemini's chunk manager builds:
-    tensors packed in order, a tensor larger than a chunk in a chunk of its own, the last chunk
-    cut to what it holds."""
+    tensors packed in order, a tensor larger than a chunk in a chunk of its own, the tensor at
+    index ``alone`` (a tied embedding) alone in a chunk cut to its size, the last chunk cut to
+    what it holds."""
     up = lambda v: -(-v // world_size) * world_size  # noqa: E731
-    size = up(max(chunk_size if chunk_size is not None else search_chunk_size(numels), 1))
+    searched = search_chunk_size(numels, alone=alone) if chunk_size is None else chunk_size
+    size = up(max(searched, 1))
     groups: list[int] = []
+    cut: list[bool] = []
     room = 0
-    for n in numels:
-        if n > room or not groups:
+    for i, n in enumerate(numels):
+        if i == alone or n > room or not groups:
             groups.append(0)
+            cut.append(i == alone)
             room = max(size, n)
         groups[-1] += n
-        room -= n
-    return [max(up(used), size if i < len(groups) - 1 else 0) for i, used in enumerate(groups)]
+        room = 0 if i == alone else room - n
+    if cut:
+        cut[-1] = True
+    return [up(used) if to_content else max(up(used), size)
+            for used, to_content in zip(groups, cut, strict=True)]  # fmt: skip
 
 
 def gemini_phases(layout: Layout, work: Workload, rank: RankModel) -> list[Phase]:
     """The phases of ``GeminiPlugin`` (module doc; ``auto`` is modelled as static placement with
     everything but the chunks in use on the host)."""
     n, w = layout.dp, working_bytes(layout.precision)
-    chunks = chunk_sizes(rank.sizes, n)
+    chunks = chunk_sizes(rank.sizes, n, alone=rank.tied_index)
     psi, biggest = float(sum(chunks)), sorted(chunks, reverse=True)
     act = activation_bytes(work.shape, work.batch // n * work.seq_len, w)
     at = activation_points(act, rank, layout.checkpointing)
