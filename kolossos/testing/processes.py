@@ -1,5 +1,6 @@
 """Process helpers for end-to-end tests of the command line: find the ``kolossos`` program, give a
-job a quiet environment, wait for ranks to start, and prove that no process survived a job."""
+job a quiet environment, run a module of the checkout, wait for ranks to start, and prove that no
+process survived a job."""
 
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ def job_env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
+
+
+def run_module(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m module *args`` from the checkout in :func:`job_env`, output captured as text;
+    ``timeout`` (seconds) is a hang detector."""
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout, env=job_env(), cwd=REPO, check=False)  # fmt: skip
 
 
 def wait_for_pids(folder: Path, count: int, proc: subprocess.Popen[bytes]) -> dict[int, int]:

@@ -4,21 +4,15 @@ on one host, end to end on a small buffer."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from kolossos.testing.processes import run_module
+
 HANG_S = 600  # a hang detector: a few seconds on an idle 2-core machine
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "benchmarks.loopback_cost", *args],
-                          capture_output=True, text=True, timeout=HANG_S, env=env, cwd=ROOT,
-                          check=False)  # fmt: skip
+    return run_module("benchmarks.loopback_cost", *args, timeout=HANG_S)
 
 
 def test_every_path_measured() -> None:
