@@ -104,8 +104,10 @@ class Reference:
                 p.copy_(master)
 
 
-def wrap(model: nn.Module, precision: str, **opt_kwargs: Any) -> tuple[GeminiDDP, GeminiOptimizer]:
-    gemini = GeminiDDP(model, chunk_config_dict=CHUNK, mixed_precision=DTYPES[precision])
+def wrap(
+    model: nn.Module, precision: str, chunk: dict[str, int] = CHUNK, **opt_kwargs: Any
+) -> tuple[GeminiDDP, GeminiOptimizer]:
+    gemini = GeminiDDP(model, chunk_config_dict=chunk, mixed_precision=DTYPES[precision])
     opt = GeminiOptimizer(adamw(gemini.parameters()), gemini, initial_scale=SCALE, **opt_kwargs)
     return gemini, opt
 
@@ -134,6 +136,7 @@ def train_both(
     clip: Clip | None = None,
     on_model: Callable[..., None] | None = None,
     steps: int = STEPS,
+    chunk: dict[str, int] = CHUNK,
     **opt_kwargs: Any,
 ) -> Trained:
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -148,7 +151,7 @@ def train_both(
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if on_model is not None:  # called at every forward of a layer (recomputation included)
         model.transformer.h[0].attn.c_attn.register_forward_pre_hook(on_model)
-    gemini, opt = wrap(model, precision, **opt_kwargs)
+    gemini, opt = wrap(model, precision, chunk, **opt_kwargs)
     losses, ref_losses = [], []
     for ids in same_batch(steps):
         loss = lm_loss(gemini, shard(ids, rank, world))
@@ -177,6 +180,24 @@ def test_matches_single_process(world_size: int) -> None:
         assert_matches(gemini, ref, precision)
 
     case()
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@distributed()
+def test_tied_embedding_alone_in_its_chunk_matches_single_process(world_size: int) -> None:
+    """With chunks larger than the tied ``wte`` (4096 elements in 8192-element chunks) the
+    embedding is still packed alone, in a chunk cut to its size, and training matches one
+    process: the LM head's second use and backward find it in its own chunk."""
+    chunk = {"chunk_size": 8192}
+    losses, ref_losses, gemini, ref, _ = train_both("fp32", chunk=chunk)
+    torch.testing.assert_close(losses, ref_losses, rtol=TOL["fp32"][0], atol=TOL["fp32"][0])
+    assert_matches(gemini, ref, "fp32")
+    manager = gemini.chunk_manager
+    first, info = manager.locate(gemini.module.transformer.wte.weight)
+    assert [i.name for i in first.tensors] == ["transformer.wte.weight"]
+    assert info.numel == VOCAB * 32 < chunk["chunk_size"]  # it would fit beside others
+    assert first.chunk_size == info.numel  # a multiple of 2 and 4: cut to its size
+    assert len(manager.chunks[1].tensors) > 1  # the rest shares chunks as before
 
 
 @distributed(2)
