@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from benchmarks.timing import time_collective
 
 __all__ = ["SCHEMES", "main"]
 
@@ -143,12 +144,7 @@ def _rank(rank: int, world_size: int, port: int, mib: float, loops: int) -> Any:
     for _ in range(2):
         for name, ops in schemes.items():
             for kind, op in zip(("gather", "reduce-scatter"), ops, strict=True):
-                dist.barrier()
-                wall, cpu = time.perf_counter(), time.process_time()
-                for _ in range(loops):
-                    op()
-                dist.barrier()
-                took = ((time.perf_counter() - wall) / loops, (time.process_time() - cpu) / loops)
+                took = time_collective(op, loops)
                 key = f"{name}/{kind}"
                 best[key] = min(best.get(key, took), took)
     return best

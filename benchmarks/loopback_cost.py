@@ -23,12 +23,13 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from benchmarks.timing import time_collective
 
 __all__ = ["PATHS", "main"]
 
@@ -81,12 +82,7 @@ def _rank(rank: int, world_size: int, port: int, mib: float, loops: int, segment
         for name, transfer in paths.items():
             dist.barrier()
             transfer()  # warm-up
-            dist.barrier()
-            wall, cpu = time.perf_counter(), time.process_time()
-            for _ in range(loops):
-                transfer()
-            dist.barrier()
-            took = ((time.perf_counter() - wall) / loops, (time.process_time() - cpu) / loops)
+            took = time_collective(transfer, loops)
             best[name] = min(best.get(name, took), took)
     return best
 

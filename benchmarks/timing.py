@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import gc
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,11 +25,22 @@ import torch.distributed as dist
 
 from benchmarks.contenders import Contender, Context, Setup, train_step
 
-__all__ = ["INTERLEAVE_MODES", "time_repetition"]
+__all__ = ["INTERLEAVE_MODES", "time_collective", "time_repetition"]
 
 INTERLEAVE_MODES = ("step", "rep")
 Batch = tuple[torch.Tensor, torch.Tensor]
 Entry = dict[str, list[float]]
+
+
+def time_collective(op: Callable[[], object], loops: int) -> tuple[float, float]:
+    """Wall and process CPU seconds per call of ``op`` (a collective every rank runs), over
+    ``loops`` calls between two barriers."""
+    dist.barrier()
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(loops):
+        op()
+    dist.barrier()
+    return (time.perf_counter() - wall) / loops, (time.process_time() - cpu) / loops
 
 
 def sync() -> None:
