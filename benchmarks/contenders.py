@@ -86,6 +86,8 @@ class Contender:
     """model-state / communication estimator strategy: ``ddp``, ``zero1``, ``zero2``, ``zero3``"""
     single: bool = False
     """trains on rank 0 alone (the one-process baseline)"""
+    min_world: int = 1
+    """the fewest ranks it can run on (a job with fewer reports the row skipped)"""
     counterpart: str = ""
     """the baseline this contender is primarily compared to (a ratio column of its own)"""
     description: str = ""

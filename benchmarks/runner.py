@@ -186,6 +186,8 @@ def _run_job(suite: Suite, model: str, args: argparse.Namespace) -> list[dict[st
     runnable = []
     for name, contender in contenders.items():
         reason = contender.unavailable()  # e.g. DeepSpeed rows without deepspeed
+        if reason is None and args.world_size < contender.min_world:
+            reason = f"needs at least {contender.min_world} ranks (--world-size {args.world_size})"
         if reason:
             rows[name].update(status="skipped", reason=reason)
         else:

@@ -9,8 +9,8 @@ Reads result files of the runner (``--out`` JSON, one per world size) and writes
   job ran the ``floor`` row (the baseline's CPU per token over the floor's: no row that runs the
   model's forward and backward can cost less than the floor, so no CPU cost ratio against that
   baseline can exceed it) and the peak memory per rank of both;
-* a **scaling table** from the ``--scaling`` files (one model at several world sizes): every
-  row's throughput at each world size and its speed-up over the smallest one;
+* a **scaling table** from the ``--scaling`` files (one model at several world sizes, any
+  suites): every row's throughput at each world size and its speed-up over the smallest one;
 * a PNG with both (``--plot``, needs matplotlib: ``.venv-bench`` has it).
 
 ``--run`` first produces the files: the ``deepspeed`` suite (kolossos ZeRO-1/2 and Gemini,
@@ -118,10 +118,15 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _scaling(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
-    table: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+def _scaling(
+    rows: list[dict[str, Any]],
+) -> dict[tuple[str, str, str], dict[int, dict[str, Any]]]:
+    """(suite, model, row) -> world size -> row, for the rows measured at two sizes or more
+    (a baseline such as ``fsdp2`` sits in several suites: each suite's is its own line)."""
+    table: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
     for row in rows:
-        table.setdefault((row["model"], row["name"]), {})[int(row["world_size"])] = row
+        key = (row["suite"], row["model"], row["name"])
+        table.setdefault(key, {})[int(row["world_size"])] = row
     return {key: sizes for key, sizes in table.items() if len(sizes) > 1}
 
 
@@ -133,8 +138,8 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
     if not table:
         return ""
     head = " | ".join(f"{n} rank{'s' if n > 1 else ''}" for n in sizes)
-    lines = [f"| model | row | {head} |", "|---|---|" + "---|" * len(sizes)]
-    for (model, name), per in table.items():
+    lines = [f"| suite | model | row | {head} |", "|---|---|---|" + "---|" * len(sizes)]
+    for (suite, model, name), per in table.items():
         first = per[min(per)]["throughput"]
         cells = []
         for n in sizes:
@@ -143,7 +148,7 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
                 cells.append("-")
                 continue
             cells.append(f"{row['throughput']:.0f} ({row['throughput'] / first:.2f}×)")
-        lines.append(f"| {model} | {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {suite} | {model} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -154,7 +159,7 @@ def write_plot(path: Path, rows: list[dict[str, Any]], scaling: list[dict[str, A
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5))
     labels, values, errors = [], [], []
     jobs: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for entry in rows:
@@ -176,15 +181,21 @@ def write_plot(path: Path, rows: list[dict[str, Any]], scaling: list[dict[str, A
     ax1.axhline(1.2, color="tab:red", lw=0.8, ls="--")
     ax1.set_xticks(range(len(values)), labels, rotation=60, ha="right", fontsize=7)
     ax1.set_title("kolossos / baseline throughput (step-paired median, p10-p90)")
-    for (_, name), per in _scaling(scaling).items():
+    ticks: set[int] = set()
+    ax2.set_prop_cycle(color=[plt.get_cmap("tab20")(i) for i in range(20)])
+    for (suite, model, name), per in _scaling(scaling).items():
+        if per[min(per)].get("role") != "kolossos":
+            continue  # the baselines are in the table; the plot keeps kolossos' rows legible
         sizes = sorted(per)
-        ax2.plot(sizes, [per[n]["throughput"] for n in sizes], marker="o", label=name)
-        ax2.set_xticks(sizes)
+        ticks.update(sizes)
+        ax2.plot(sizes, [per[n]["throughput"] for n in sizes], marker="o",
+                 label=f"{suite}/{name.removeprefix('kolossos-')} ({model})")  # fmt: skip
+    ax2.set_xticks(sorted(ticks))
     ax2.set_xlabel("ranks")
     ax2.set_ylabel("tokens/s (all ranks)")
-    ax2.set_title("scaling")
+    ax2.set_title("scaling of the kolossos rows (baselines: the table)")
     if ax2.lines:
-        ax2.legend(fontsize=7)
+        ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -59,6 +59,8 @@ class KolossosHybrid(Contender):
         options: dict[str, Any] | None = None,
     ) -> None:
         self.name, self.tp, self.sp = name, tp, sp
+        # split_gather sequence parallelism shards along the TP group: two ranks at least
+        self.min_world = 2 if sp else 1
         self.counterpart, self.description = counterpart, description
         self.options = dict(options or {})
         """further ``HybridParallelPlugin`` keywords (e.g. ``enable_all_optimization``)"""

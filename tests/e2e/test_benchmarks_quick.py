@@ -128,3 +128,22 @@ def test_command_line_checks() -> None:
         parse_args(["nosuchsuite"])
     with pytest.raises(SystemExit):
         parse_args(["--reps", "0"])
+
+
+def test_one_rank_job_skips_rows_that_need_more(tmp_path: Path) -> None:
+    """A row that needs two ranks (split_gather sequence parallelism) is reported skipped at one
+    rank, with the reason, while the rest of its suite runs (the 1-rank column of the scaling
+    table)."""
+    out = tmp_path / "tp1.json"
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "tp", "--quick", "--world-size", "1",
+         "--rows", "kolossos-tp,kolossos-tp-sp", "--reps", "1", "--steps", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=HANG_S, env=env, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["kolossos-tp"]["status"] == "ok" and rows["kolossos-tp"]["throughput"] > 0
+    assert rows["kolossos-tp-sp"]["status"] == "skipped"
+    assert "at least 2 ranks" in rows["kolossos-tp-sp"]["reason"]

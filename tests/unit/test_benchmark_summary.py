@@ -38,7 +38,14 @@ def test_ratio_and_scaling_tables(tmp_path: Path) -> None:
     assert "| floor |" not in ceiling  # the floor is a bound, not a row to compare
     assert scaling_table(rows) == ""  # one world size only
     more = [*rows, _row("kolossos-zero2", 4, [22.0], [1.0], 2**20)]
-    assert "| gpt2-tiny | kolossos-zero2 | 11 (1.00×) | 22 (2.00×) |" in scaling_table(more)
+    assert "| deepspeed | gpt2-tiny | kolossos-zero2 | 11 (1.00×) | 22 (2.00×) |" in scaling_table(
+        more
+    )
+    # the same row name in another suite is a line of its own, not merged across suites
+    other = [{**r, "suite": "zero", "throughput": 2 * r["throughput"]} for r in more[::2]]
+    both = scaling_table([*more, *other])
+    assert "| zero | gpt2-tiny | kolossos-zero2 | 22 (1.00×) | 44 (2.00×) |" in both
+    assert "| deepspeed | gpt2-tiny | kolossos-zero2 | 11 (1.00×) | 22 (2.00×) |" in both
     for world in (2, 4):
         keep = [r for r in more if r["world_size"] == world]
         data = {"meta": {"loadavg_after": [1.0]}, "rows": keep}

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from kolossos.nn.layer.parallel_1d._base import GroupArg, reject_positional
+from kolossos.nn.layer.parallel_1d._linear_base import native_linear_weights
 from kolossos.nn.layer.parallel_1d.initializers import Initializer
-from kolossos.nn.layer.parallel_1d.linear import Linear1D_Col, native_linear_weights
+from kolossos.nn.layer.parallel_1d.linear import Linear1D_Col
 
 __all__ = ["FusedLinear1D_Col"]
 
