@@ -99,6 +99,10 @@ class HybridParallelEngine:
 
     pipeline_class: type[PipelineRuntime] = PipelineRuntime
     """The pipeline runtime built with ``pp_size > 1`` (a subclass may adapt its steps)."""
+    plugin_name = "HybridParallelPlugin"
+    """The plugin in front of this engine (named in error messages)."""
+    optimizer_types: tuple[type, ...] = HYBRID_OPTIMIZERS
+    """The optimizers :meth:`boost` returns (what :meth:`execute_pipeline` accepts)."""
 
     def __init__(self, config: HybridParallelConfig) -> None:
         check_shard_options(config)
@@ -197,7 +201,8 @@ class HybridParallelEngine:
         return_loss: bool,
         return_outputs: bool,
     ) -> dict[str, Any]:
-        """One pipelined step (see ``HybridParallelPlugin.execute_pipeline``).
+        """One pipelined step (see ``HybridParallelPlugin.execute_pipeline``; with experts, the
+        MoE optimizers reduce them in ``optimizer.step()``).
 
         Raises:
             TypeError: ``model`` / ``optimizer`` are not the ones :meth:`boost` returned.
@@ -207,14 +212,14 @@ class HybridParallelEngine:
         if not isinstance(model, HybridPipelineModule):
             raise TypeError(
                 "execute_pipeline needs the model returned by booster.boost with "
-                f"HybridParallelPlugin(pp_size > 1), got {type(model).__name__}."
+                f"{self.plugin_name}(pp_size > 1), got {type(model).__name__}."
             )
         if optimizer is None and self.config.zero_stage > 0 and torch.is_grad_enabled():
             raise ValueError(
                 f"execute_pipeline with zero_stage={self.config.zero_stage} needs the boosted "
                 "optimizer (ZeRO collects the gradients during backward); pass optimizer=."
             )
-        if optimizer is not None and not isinstance(optimizer, HYBRID_OPTIMIZERS):
+        if optimizer is not None and not isinstance(optimizer, self.optimizer_types):
             raise TypeError(
                 "execute_pipeline needs the optimizer returned by booster.boost, got "
                 f"{type(optimizer).__name__}."

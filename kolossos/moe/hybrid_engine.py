@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -124,6 +124,8 @@ class MoeHybridParallelEngine(HybridParallelEngine):
     """
 
     pipeline_class = MoePipelineRuntime
+    plugin_name = "MoeHybridParallelPlugin"
+    optimizer_types = (MoeDDPOptimizer, MoeZeroOptimizer)
 
     def __init__(self, config: MoeHybridParallelConfig) -> None:
         check_moe_world(config, dist.get_world_size())
@@ -209,40 +211,6 @@ class MoeHybridParallelEngine(HybridParallelEngine):
         config, names = self._inner_config, pipeline.names
         base = self._register(build_optimizer(optimizer, config, self.mesh, names))
         return wrapped, self._ddp_optimizer(base, wrapped.chunks, self.mesh.pp_group)
-
-    def execute_pipeline(
-        self,
-        data_iter: Iterator[Any],
-        model: nn.Module,
-        criterion: Callable[..., torch.Tensor],
-        optimizer: OptimizerWrapper | None,
-        return_loss: bool,
-        return_outputs: bool,
-    ) -> dict[str, Any]:
-        """One pipelined step (``booster.execute_pipeline``); the experts are reduced by
-        ``optimizer.step()``.
-
-        Raises:
-            TypeError: ``model`` / ``optimizer`` are not the ones :meth:`boost` returned.
-        """
-        if not isinstance(model, HybridPipelineModule):
-            raise TypeError(
-                "execute_pipeline needs the model returned by booster.boost with "
-                f"MoeHybridParallelPlugin(pp_size > 1), got {type(model).__name__}."
-            )
-        if optimizer is None and self.moe_config.zero_stage > 0 and torch.is_grad_enabled():
-            raise ValueError(
-                f"execute_pipeline with zero_stage={self.moe_config.zero_stage} needs the "
-                "boosted optimizer (ZeRO collects the gradients during backward); pass optimizer=."
-            )
-        if optimizer is not None and not isinstance(optimizer, MoeDDPOptimizer | MoeZeroOptimizer):
-            raise TypeError(
-                "execute_pipeline needs the optimizer returned by booster.boost, got "
-                f"{type(optimizer).__name__}."
-            )
-        return model.pipeline.run(
-            model.chunks, data_iter, criterion, optimizer, return_loss, return_outputs
-        )
 
     def _zero_optimizer(
         self,

@@ -146,6 +146,13 @@ def test_pp2_ep2_matches_single_process(tmp_path: Path) -> None:
         booster.save_model(boosted, tmp_path / "model", shard=True)
     with pytest.raises(NotImplementedError, match="pp_size > 1 are not implemented"):
         booster.save_optimizer(opt, tmp_path / "optim", shard=True)
+    # execute_pipeline refuses objects boost did not return, naming this plugin
+    ids = torch.randint(2, 128, (2, SEQ))
+    step = iter([{"input_ids": ids, "labels": ids}])
+    with pytest.raises(TypeError, match=r"MoeHybridParallelPlugin\(pp_size > 1\)"):
+        booster.execute_pipeline(step, model, lm_loss, opt)
+    with pytest.raises(TypeError, match=r"optimizer returned by booster\.boost, got AdamW"):
+        booster.execute_pipeline(step, boosted, lm_loss, adamw(build()))
     transformers = pytest.importorskip("transformers")
     qwen = transformers.Qwen2MoeForCausalLM(
         transformers.Qwen2MoeConfig(
