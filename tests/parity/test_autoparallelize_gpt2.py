@@ -38,11 +38,12 @@ BATCH, SEQ, STEPS, LR = 8, 24, 4, 1e-2
 # fp32; only the order of sums changes (gradient average, row-parallel partial sums, the
 # vocabulary-parallel softmax): measured worst differences are a few 1e-7.
 TOL = 2e-5
-# The mixed plan sums some gradients in yet another order; the key bias's true gradient is 0
-# (softmax ignores a per-query constant), so Adam turns its ~1e-9 rounding into up to ~2.5e-5
-# on one element after 4 steps (tests/parity/test_autoparallelize_graph_plans.py checks that
-# plan's gradients to 1e-6 directly).
-MIXED_PARAM_TOL = 5e-5
+# Parameters: the key bias's true gradient is 0 (softmax ignores a per-query constant), so Adam
+# turns its ~1e-9 rounding, whatever order the sums take, into up to ~2.5e-5 on one element
+# after 4 steps: measured 2.5e-5 for the mixed plan, and 2.15e-5 for data parallelism on a host
+# whose matmul kernels round differently (2026-11-28). The gradients themselves are checked to
+# 1e-6 in tests/parity/test_autoparallelize_graph_plans.py.
+PARAM_TOL = 5e-5
 COST = {"flops_per_s": 5e9, "alpha": 1e-6, "beta": 1e-8}
 
 
@@ -91,4 +92,4 @@ def test_autoparallelize_gpt2_parity(world_size: int) -> None:
         reduced = [global_mean(x) if model.data_parallel else float(x) for x in losses]
         assert_run_matches(reduced, ref_losses, model.full_state_dict(), reference, before,
                            loss_atol=TOL, label=str(family),
-                           param_atol=MIXED_PARAM_TOL if family == "mixed" else TOL)  # fmt: skip
+                           param_atol=PARAM_TOL)  # fmt: skip
