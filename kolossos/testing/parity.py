@@ -199,11 +199,14 @@ def train_causal_lm(
     ids: torch.Tensor,
     lr: float,
     local: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    eps: float = 1e-8,
 ) -> list[torch.Tensor]:
     """Train a Hugging Face causal LM with Adam on ``ids[step]`` (``(steps, batch, seq)``, the
     labels are the inputs) and return each step's loss; ``local`` picks this rank's part of a
-    step's global batch (identity for the single-process reference)."""
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    step's global batch (identity for the single-process reference). ``eps`` is Adam's: a
+    larger one keeps Adam from normalising gradient elements far below it (a parameter whose
+    true gradient is zero then moves by its rounding noise times ``lr / eps``, not by ``lr``)."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr, eps=eps)
     losses = []
     for step in range(ids.shape[0]):
         batch = ids[step] if local is None else local(ids[step])
@@ -216,11 +219,18 @@ def train_causal_lm(
 
 
 def reference_causal_lm(
-    base: nn.Module, steps: int, batch: int, seq: int, lr: float, vocab: int = 128
+    base: nn.Module,
+    steps: int,
+    batch: int,
+    seq: int,
+    lr: float,
+    vocab: int = 128,
+    eps: float = 1e-8,
 ) -> tuple[torch.Tensor, nn.Module, dict[str, torch.Tensor], list[torch.Tensor]]:
     """The single-process side of a causal-LM parity test: random token ids ``(steps, batch,
     seq)`` below ``vocab`` (from the current seed), a deep copy of ``base`` trained on them by
-    :func:`train_causal_lm`, its parameters before training and its loss at every step.
+    :func:`train_causal_lm` (Adam's ``eps``), its parameters before training and its loss at
+    every step.
 
     Returns:
         ``(ids, reference, before, losses)``.
@@ -230,4 +240,4 @@ def reference_causal_lm(
     ids = torch.randint(0, vocab, (steps, batch, seq))
     reference = copy.deepcopy(base)
     before = snapshot(reference)
-    return ids, reference, before, train_causal_lm(reference, ids, lr)
+    return ids, reference, before, train_causal_lm(reference, ids, lr, eps=eps)
