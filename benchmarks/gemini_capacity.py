@@ -3,28 +3,44 @@ both against the memory limit of the machine.
 
 Each attempt runs in a fresh process (``--attempt``) so that one attempt's allocations cannot
 help or hurt the next; the driver tries the given layer counts for each mode and prints, per
-attempt, whether two training steps completed, the parameter count, the peak device allocation,
-the peak resident host memory and the step time, then the largest model each mode trained, the
-ratio, and each largest model as a fraction of its mode's limit.
+attempt, whether two training steps completed, the parameter count, the optimizer data placed on
+the device, the peak device allocation, the peak resident host memory and the step time, then the
+largest model each mode trained (sizes are tried largest first, and a mode stops at the first that
+trains), the ratio, and each largest model as a fraction of its mode's limit.
 
 The limit (printed first, :func:`memory_limit`): DDP keeps 16 bytes per parameter on the device
 (fp32 weights and gradients, Adam's two fp32 states; bf16 autocast, activations checkpointed),
 so at most ``device memory / 16`` parameters; Gemini can spread the same 16 bytes (bf16 weights
 and gradients, fp32 masters and Adam states) over device and host, so at most ``(device memory +
 available host memory) / 16``. ``--auto`` picks the layer counts from it: DDP at 0.9 of its
-limit, Gemini at 0.9 and 1.0 of its own.
+limit, Gemini at each of ``--gemini-fractions`` of its own.
+
+What the ``auto`` placement can reach of that (:func:`placement_bound`, printed with the limit):
+with ``HybridAdam`` in bf16 a chunk's optimizer data on the host takes 14 bytes per parameter
+(fp32 master 4, two Adam states 8, the bf16 gradient shard 2). It moves to the device only out
+of the memory left when every chunk's bf16 working shard (2 bytes per parameter) is counted
+resident there, within ``steady_cuda_cap_ratio`` (``s``, ``--steady-cap``) of the device, and
+reserves 16 bytes per parameter there (room for a gradient widened to fp32 by accumulation). So
+``16 X + 2 P <= s D`` (``X`` parameters stepped on the device) and ``14 (P - X) <= H``, hence
+``P <= (s D / 16 + H / 14) / (1 + 2 / 16)`` before activations and the gathered chunks of a
+moment: with ``D`` = 139 GiB and ``H`` = 115 GiB, 0.90 of the limit at ``s`` = 0.9 and 0.92 at
+0.95. Attempts run with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (unless set), so
+that the allocator's fragmentation does not eat the margin.
 
 Both modes use bf16 and activation checkpointing. DDP: ``Booster(mixed_precision="bf16",
 plugin=TorchDDPPlugin())``, model and Adam states on the device. Gemini: the model built inside
 ``LazyInitContext`` (no full-size copy ever exists on the host: the plugin fills its chunks one by
-one), ``GeminiPlugin(placement_policy="auto", precision="bf16", chunk_init_device="cpu")`` with
-``HybridAdam``: chunks live on the host and visit the device when needed; master weights and
-Adam states of host chunks are stepped on the CPU. ``--device cpu`` runs the same code with gloo
+one), ``GeminiPlugin(placement_policy="auto", precision="bf16", chunk_init_device="cpu",
+gpu_margin_mem_ratio=1.0)`` with ``HybridAdam``: chunks live on the host and visit the device
+when needed; the optimizer data of as many chunks as the spare device memory holds is placed on
+the device before the first step (its Adam states are created there), the rest is stepped on
+the CPU. ``--device cpu`` runs the same code with gloo
 on the CPU (a smoke test: device and host are then one memory).
 
 Usage (one GPU)::
 
-    python -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32
+    python -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32 --modes gemini \
+        --gemini-fractions 0.9 0.8
     python -m benchmarks.gemini_capacity --hidden 4096 --heads 32 --ddp-layers 16 20 \
         --gemini-layers 24 32
 """
@@ -87,6 +103,14 @@ def memory_limit(device: str) -> dict[str, float]:
     }
 
 
+def placement_bound(limit: dict[str, float], steady_cap: float) -> float:
+    """The most parameters the ``auto`` placement can give Gemini on this machine (module doc),
+    as a fraction of the Gemini limit."""
+    device, host = limit["device_gib"], limit["host_available_gib"]
+    params = (steady_cap * device / 16 + host / 14) / (1 + 2 / 16)
+    return params / ((device + host) / BYTES_PER_PARAM)
+
+
 def _attempt(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -122,6 +146,8 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
             precision="bf16",
             chunk_init_device=torch.device("cpu"),
             hidden_dim=args.hidden,
+            gpu_margin_mem_ratio=1.0,
+            steady_cuda_cap_ratio=args.steady_cap,
         )
         booster = Booster(plugin=plugin)
     else:
@@ -140,9 +166,12 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+    # optimizer data the auto placement put on the device (GeminiDDP's policy)
+    on_device = boosted.policy.optim_reserved_bytes / 2**30 if gemini else None
     dist.destroy_process_group()
     return {
         "params": params,
+        "optim_on_device_gib": on_device,
         "peak_device_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "peak_host_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "step_s": times[-1],
@@ -153,10 +182,12 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
 def _run_one(args: argparse.Namespace, mode: str, layers: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.gemini_capacity", "--attempt", "--mode", mode,
            "--layers", str(layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
-           "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device]  # fmt: skip
+           "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device,
+           "--steady-cap", str(args.steady_cap)]  # fmt: skip
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **os.environ}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
         out, code = proc.stdout, proc.returncode
         err = proc.stderr
     except subprocess.TimeoutExpired:
@@ -181,29 +212,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-layers", type=int, nargs="*", default=[])
     parser.add_argument("--gemini-layers", type=int, nargs="*", default=[])
     parser.add_argument("--auto", action="store_true", help="layer counts from the limit")
+    parser.add_argument("--gemini-fractions", type=float, nargs="+", default=[0.8, 0.9],
+                        help="--auto: Gemini's model sizes as fractions of its limit")  # fmt: skip
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--timeout", type=float, default=400.0)
+    parser.add_argument("--modes", nargs="+", choices=("ddp", "gemini"), default=["ddp", "gemini"])
+    parser.add_argument("--steady-cap", type=float, default=0.95,
+                        help="Gemini's steady_cuda_cap_ratio")  # fmt: skip
     args = parser.parse_args(argv)
     if args.attempt:
         print(json.dumps(_attempt(args)), flush=True)
         return 0
     limit = memory_limit(args.device)
-    print(json.dumps({"limit": limit}), flush=True)
+    bound = round(placement_bound(limit, args.steady_cap), 3)
+    print(json.dumps({"limit": limit, "placement_bound": bound}), flush=True)
     if args.auto:
         ddp, gem = limit["ddp_limit_params"], limit["gemini_limit_params"]
         args.ddp_layers = [layers_for(0.9 * ddp, args.hidden, args.seq)]
-        args.gemini_layers = [layers_for(f * gem, args.hidden, args.seq) for f in (0.9, 1.0)]
+        args.gemini_layers = [
+            layers_for(f * gem, args.hidden, args.seq) for f in args.gemini_fractions
+        ]
     best: dict[str, int] = {}
     for mode, layer_list in (("ddp", args.ddp_layers), ("gemini", args.gemini_layers)):
-        for layers in layer_list:
+        if mode not in args.modes:
+            continue
+        for layers in sorted(layer_list, reverse=True):  # the largest first; stop once one trains
             row = _run_one(args, mode, layers)
             print(json.dumps(row), flush=True)
             if row["ok"]:
-                best[mode] = max(best.get(mode, 0), int(row["params"]))
+                best[mode] = int(row["params"])
+                break
     summary: dict[str, Any] = {"largest_params": best}
     for mode, params in best.items():
         summary[f"{mode}_of_limit"] = round(params / limit[f"{mode}_limit_params"], 3)

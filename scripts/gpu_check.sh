@@ -40,9 +40,11 @@ for step in "${steps[@]}"; do
         timeout 420 $PY -m benchmarks gpu --world-size 1 --model gpt2-1b --precision bf16 \
             --batch "$b" --steps 6 --warmup 2 --reps "${BENCH_REPS:-2}" --interleave rep \
             --out "$OUT/mfu-b$b.json" 2>&1 | grep -v '^{' | tee "$OUT/bench-b$b.log" | tail -20 ;;
-    capacity)
-        timeout 560 $PY -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32 \
-            --timeout 240 2>&1 | tee "$OUT/capacity.log" | tail -8 ;;
+    capacity)  # Gemini at 0.9 of its limit, then 0.8 if that fails; DDP at 0.9 of its own
+        for mode in gemini ddp; do
+            timeout 290 $PY -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32 \
+                --modes $mode --timeout 280 2>&1 | tee "$OUT/capacity-$mode.log" | tail -6
+        done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done

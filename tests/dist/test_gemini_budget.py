@@ -25,8 +25,9 @@ from transformers import GPT2Config, GPT2LMHeadModel  # imported once, before ra
 
 from kolossos.testing import distributed, parameterize
 from kolossos.testing.parity import global_mean, shard
-from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
+from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer, gemini_optimizer
 from kolossos.zero.gemini.memory_tracer import MemStats, MemStatsCollector, TrackerSampler
+from kolossos.zero.gemini.optim_placement import optim_data_bytes
 
 STEPS = 3
 GLOBAL_BATCH = 8
@@ -209,10 +210,27 @@ def test_auto_placement_stays_within_the_device_budget() -> None:
     demand = free_gemini.policy.steady_demand_bytes()
     room = 2 * sum(c.shard_mem for c in chunks)
     budget = int((demand + room) / 0.9) + 1
-    losses, gemini, _ = train(
-        budget, {"gpu_margin_mem_ratio": 1.0}, placement_policy="auto", memstats=stats
-    )
+    # The grants come before the first step, so no granted chunk has states yet when its data
+    # moves (they are created on the device), and the predicted size is the size they take.
+    moved: list[tuple[Any, Any, list[nn.Parameter], bool]] = []
+
+    def spy(optim: Any, chunk: Any, views: Any, device: torch.device) -> None:
+        own = [view for *_, view in views]
+        moved.append((optim, chunk, own, any(optim.state.get(v) for v in own)))
+        real_move(optim, chunk, views, device)
+
+    real_move = gemini_optimizer.move_optim_data
+    gemini_optimizer.move_optim_data = spy
+    try:
+        losses, gemini, _ = train(
+            budget, {"gpu_margin_mem_ratio": 1.0}, placement_policy="auto", memstats=stats
+        )
+    finally:
+        gemini_optimizer.move_optim_data = real_move
+    assert moved and not any(had_states for *_, had_states in moved)
     policy = gemini.policy
+    held = sum(optim_data_bytes(optim, chunk, own) or 0 for optim, chunk, own, _ in moved)
+    assert held == policy.optim_reserved_bytes
     granted = [c.chunk_id for c in gemini.chunk_manager.chunks if policy.optim_on_device(c)]
     assert 0 < len(granted) < len(chunks)
     assert granted == list(range(len(granted)))  # in chunk order

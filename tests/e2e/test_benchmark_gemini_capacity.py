@@ -47,6 +47,9 @@ def test_cpu_smoke_run() -> None:
     assert limit["bytes_per_param"] == 16 and limit["ddp_limit_params"] > 0
     rows = {row["mode"]: row for row in lines[1:3]}
     assert rows["ddp"]["ok"] and rows["gemini"]["ok"], rows
+    assert 0 < lines[0]["placement_bound"] < 1
+    # the optimizer data went to the "device" (on a CPU the host itself) before the first step
+    assert rows["gemini"]["optim_on_device_gib"] > 0 and rows["ddp"]["optim_on_device_gib"] is None
     assert rows["ddp"]["params"] == gpt2_params(1, 64, 32)
     assert rows["gemini"]["params"] == gpt2_params(2, 64, 32)
     summary = lines[3]

@@ -180,6 +180,30 @@ def test_bf16_chunked_path_equals_whole_tensor_update() -> None:
     torch.testing.assert_close(p.float(), ref, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_bf16_grads_of_fp32_params_scaled_as_widened(contiguous: bool) -> None:
+    """fp32 parameters with bf16 gradients (GeminiOptimizer's bf16 shards) under
+    ``narrow_grads_scaled``: bit-identical to fp32 AdamW on the widened gradients times the
+    factor, whether the CPU walks the tensor in pieces or widens it whole (non-contiguous, as
+    on an accelerator); the factor applies inside the block only."""
+    n = CHUNK_NUMEL + 1001
+    torch.manual_seed(0)
+    base = torch.randn(2, n)
+    p = nn.Parameter(base[0] if contiguous else base.t()[:, 0])
+    p.grad_dtype = None  # a bf16 .grad on an fp32 parameter
+    ref = nn.Parameter(p.detach().clone())
+    opt = HybridAdam([p], lr=1e-3, weight_decay=0.01)
+    ref_opt = torch.optim.AdamW([ref], lr=1e-3, weight_decay=0.01, fused=True)
+    for step in range(3):
+        scale = torch.tensor(0.25 + step)
+        p.grad = torch.randn(n).bfloat16()
+        ref.grad = p.grad.float() * scale if step < 2 else p.grad.float()
+        with opt.narrow_grads_scaled(scale if step < 2 else None):
+            opt.step()
+        ref_opt.step()
+    torch.testing.assert_close(p.detach(), ref.detach(), rtol=0, atol=0)
+
+
 def test_fused_adam_bf16_states_match_torch() -> None:
     ours = make_model(dtype=torch.bfloat16)
     ref = make_model(dtype=torch.bfloat16)

@@ -4,7 +4,8 @@ dict in ``torch.optim.AdamW``'s format (``step``, ``exp_avg``, ``exp_avg_sq``[,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Any
 
@@ -68,6 +69,19 @@ class AdamBase(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         self.adamw_mode = adamw_mode
+        self._narrow_grad_scale: Tensor | None = None
+
+    @contextlib.contextmanager
+    def narrow_grads_scaled(self, scale: Tensor | None) -> Iterator[None]:
+        """Within the block, ``step()`` multiplies gradients narrower than their states by
+        ``scale`` as it widens them (``None``: leaves them as they are). For a caller that keeps
+        bf16 gradients of fp32 parameters and defers a clipping factor to the update
+        (:class:`~kolossos.zero.gemini.GeminiOptimizer`); other gradients are not scaled."""
+        self._narrow_grad_scale = scale
+        try:
+            yield
+        finally:
+            self._narrow_grad_scale = None
 
     def is_streamed(self, p: Tensor) -> bool:
         """Whether ``p``'s states are streamed from NVMe instead of living in ``self.state``."""
@@ -161,7 +175,14 @@ class AdamBase(torch.optim.Optimizer):
                 torch._foreach_add_(bumped, 1.0)
             if params:
                 adam_update(
-                    params, grads, exp_avgs, exp_avg_sqs, maxes if hp.amsgrad else None, steps, hp
+                    params,
+                    grads,
+                    exp_avgs,
+                    exp_avg_sqs,
+                    maxes if hp.amsgrad else None,
+                    steps,
+                    hp,
+                    narrow_grad_scale=self._narrow_grad_scale,
                 )
             if streamed:
                 streamed_work[index] = (streamed, streamed_steps, hp)

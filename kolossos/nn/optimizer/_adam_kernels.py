@@ -72,11 +72,15 @@ def adam_update(
     max_exp_avg_sqs: list[Tensor] | None,
     steps: list[Tensor],
     hp: AdamHyper,
+    narrow_grad_scale: Tensor | None = None,
 ) -> None:
     """Apply one Adam/AdamW update in place to every tensor of the lists.
 
     Lists are parallel (same length; matching shapes). States may be wider than the parameter
     (fp32 states for bf16 parameters). ``steps`` hold the step number to use, already incremented.
+    ``narrow_grad_scale`` multiplies the gradients of the mixed path once they are widened (a
+    clipping factor that a caller keeping bf16 gradients defers to here, where it costs no copy
+    and rounds as it would on fp32 gradients); the other paths' gradients are used as they are.
 
     Example:
         >>> p, g = torch.ones(4), torch.full((4,), 0.5)
@@ -100,7 +104,7 @@ def adam_update(
             for seq in (params, grads, exp_avgs, exp_avg_sqs, maxes, steps)
         )
         if not uniform:
-            _mixed(p_, g_, m_, v_, mx_, s_, hp)
+            _mixed(p_, g_, m_, v_, mx_, s_, hp, narrow_grad_scale)
         elif fused_supported(device, dtype):
             _fused(p_, g_, m_, v_, mx_, s_, hp)
         else:
@@ -157,17 +161,21 @@ def _mixed(
     max_exp_avg_sqs: list[Tensor],
     steps: list[Tensor],
     hp: AdamHyper,
+    grad_scale: Tensor | None = None,
 ) -> None:
-    """Parameters/gradients narrower than the states: compute in the states' dtype."""
+    """Parameters/gradients narrower than the states: compute in the states' dtype (the widened
+    gradients times ``grad_scale``, when given)."""
     dtype = exp_avgs[0].dtype
     update = _fused if fused_supported(exp_avgs[0].device, dtype) else _foreach
     scratch: tuple[Tensor, Tensor] | None = None
+    scale = None if grad_scale is None else grad_scale.to(exp_avgs[0].device, dtype)
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
         mx = [max_exp_avg_sqs[i]] if hp.amsgrad else []
         flat = p.device.type == "cpu" and all(t.is_contiguous() for t in (p, g, m, v, *mx))
         if not flat:  # widen the whole tensor (accelerators: one launch beats many chunks)
             wide = p.to(dtype)
-            update([wide], [g.to(dtype)], [m], [v], mx, [steps[i]], hp)
+            wide_g = g.to(dtype) if scale is None else g.to(dtype) * scale
+            update([wide], [wide_g], [m], [v], mx, [steps[i]], hp)
             p.copy_(wide)
             continue
         n = p.numel()
@@ -176,13 +184,19 @@ def _mixed(
             scratch = (torch.empty(size, dtype=dtype), torch.empty(size, dtype=dtype))
         pf, gf, mf, vf = (t.view(-1) for t in (p, g, m, v))
         xf = [t.view(-1) for t in mx]
+        narrow_p = p.dtype != dtype  # fp32 parameters with bf16 gradients update in place
         for a in range(0, n, CHUNK_NUMEL):
             b = min(n, a + CHUNK_NUMEL)
-            wp, wg = scratch[0][: b - a], scratch[1][: b - a]
-            wp.copy_(pf[a:b])
+            wp = scratch[0][: b - a] if narrow_p else pf[a:b]
+            wg = scratch[1][: b - a]
+            if narrow_p:
+                wp.copy_(pf[a:b])
             wg.copy_(gf[a:b])
+            if scale is not None:
+                wg.mul_(scale)
             update([wp], [wg], [mf[a:b]], [vf[a:b]], [t[a:b] for t in xf], [steps[i]], hp)
-            pf[a:b].copy_(wp)
+            if narrow_p:
+                pf[a:b].copy_(wp)
 
 
 def _foreach(

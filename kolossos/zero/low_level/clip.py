@@ -14,7 +14,13 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["check_finite_norm", "clip_by_global_norm_", "clip_by_total_norm_", "global_norm"]
+__all__ = [
+    "check_finite_norm",
+    "clip_by_global_norm_",
+    "clip_by_total_norm_",
+    "clip_coefficient",
+    "global_norm",
+]
 
 
 def global_norm(
@@ -53,10 +59,15 @@ def clip_by_total_norm_(
     grads: Sequence[torch.Tensor | None], max_norm: float, total: torch.Tensor
 ) -> None:
     """Scale ``grads`` in place so that a total norm of ``total`` becomes at most ``max_norm``."""
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    coef = clip_coefficient(max_norm, total)
     for g in grads:
         if g is not None:
             g.mul_(coef.to(g.device))
+
+
+def clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
+    """The factor that scales gradients of total norm ``total`` to at most ``max_norm``."""
+    return torch.clamp(max_norm / (total + 1e-6), max=1.0)
 
 
 def check_finite_norm(total: torch.Tensor, norm_type: float, error_if_nonfinite: bool) -> None:

@@ -10,8 +10,11 @@ Storage of one chunk of ``chunk_size`` elements (a multiple of the world size ``
 * ``payload`` — the full chunk in the working dtype on the compute device while gathered; the
   parameters' ``.data`` are views of it then, and empty placeholders otherwise;
 * ``grad_payload`` — the full gradient in the working dtype during backward, reduce-scattered
-  into ``grad_shard`` (fp32, beside ``master``), where gradients accumulate until the optimizer
-  steps (or ``zero_grad``).
+  into ``grad_shard`` (beside ``master``), where gradients accumulate until the optimizer steps
+  (or ``zero_grad``). It is fp32, or stays in the working dtype when ``grad_dtype`` says so (bf16
+  with an optimizer that widens gradients itself, :class:`GeminiOptimizer`): the reduced part is
+  in that dtype anyway, so nothing is lost, and a second backward before the step widens the
+  shard to fp32 before adding, so accumulation is as exact as before.
 
 A sharded chunk whose tensors are all trainable writes its gradients over its own gathered
 payload (``grad_payload`` is ``payload``): a parameter's value is not read again in a backward
@@ -106,6 +109,7 @@ class Chunk:
         self.payload: torch.Tensor | None = None
         self.grad_payload: torch.Tensor | None = None
         self.grad_shard: torch.Tensor | None = None
+        self.grad_dtype = torch.float32  # of a fresh grad_shard (module doc)
         self._pending: Pending | None = None
         self.states: Counter[TensorState] = Counter()
         self.n_trainable = 0
@@ -304,9 +308,11 @@ class Chunk:
             part = torch.empty(self.shard_size, dtype=self.dtype, device=self.compute_device)
             self.comm.reduce_scatter(part, self.grad_payload, self.chunk_id)
         self.grad_payload = None
-        if self.grad_shard is None:  # fp32 on the master's device: the part itself, no copy
-            self.grad_shard = part.to(device=self.master.device, dtype=torch.float32)
-        else:
+        if self.grad_shard is None:  # on the master's device: the part itself when it can be
+            self.grad_shard = part.to(device=self.master.device, dtype=self.grad_dtype)
+        else:  # accumulate in fp32
+            if self.grad_shard.dtype != torch.float32:
+                self.grad_shard = self.grad_shard.float()
             self.grad_shard.add_(part.to(self.master.device))
         for info in self.tensors:
             if info.state is TensorState.READY_FOR_REDUCE:
