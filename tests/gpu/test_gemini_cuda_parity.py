@@ -128,3 +128,32 @@ def test_gemini_on_cuda_matches_plain_training(precision: str, placement: str) -
         )
     trained = {name: full[name] for name in expected}
     assert_moved(initial, trained, atol, each=EACH[precision])
+
+
+@pytest.mark.usefixtures("nccl_group")
+@pytest.mark.parametrize("placement", ["static", "cpu"])
+def test_bf16_gradient_shards_bit_identical_on_cuda(placement: str) -> None:
+    """bf16 gradient shards (HybridAdam widens them in the update, times the deferred clipping
+    factor) against fp32 shards (the chunks' ``grad_dtype``, the one switch): the same masters
+    bit for bit. ``static`` steps the masters on the GPU (a whole tensor widened at a time),
+    ``cpu`` on the host (in cache-sized pieces). tests/dist/test_gemini_bf16_grads.py is the
+    CPU-rank version."""
+    from kolossos.nn.optimizer import HybridAdam
+    from kolossos.zero.gemini import GeminiDDP, GeminiOptimizer
+
+    def train(narrow: bool) -> list[torch.Tensor]:
+        ddp = GeminiDDP(gpt2(), chunk_config_dict={"chunk_size": 64 * 1024},
+                        mixed_precision=torch.bfloat16, placement_policy=placement)  # fmt: skip
+        opt = GeminiOptimizer(HybridAdam(ddp.parameters(), lr=1e-3), ddp, max_norm=0.05)
+        chunks = list(ddp.chunk_manager)
+        assert all(c.grad_dtype == torch.bfloat16 for c in chunks)
+        for chunk in chunks if not narrow else ():
+            chunk.grad_dtype = torch.float32
+        for ids in batches()[:3]:
+            opt.backward(ddp(input_ids=ids, labels=ids).loss.float())
+            opt.step()
+            opt.zero_grad()
+        return [c.master.clone() for c in chunks]
+
+    for narrow, wide in zip(train(True), train(False), strict=True):
+        torch.testing.assert_close(narrow, wide, rtol=0, atol=0)
