@@ -51,6 +51,10 @@ class HybridZeroOptimizer(LowLevelZeroOptimizer):
             (``dp_process_group`` included).
     """
 
+    narrow_grads = False
+    """fp32 gradient copies: the sequence-parallel gradients are summed over the tensor-parallel
+    group in place, which on bf16 partitions would round the sums to bf16"""
+
     def __init__(
         self,
         optimizer: Optimizer,

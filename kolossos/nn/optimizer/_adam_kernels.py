@@ -167,7 +167,7 @@ def _mixed(
     gradients times ``grad_scale``, when given)."""
     dtype = exp_avgs[0].dtype
     update = _fused if fused_supported(exp_avgs[0].device, dtype) else _foreach
-    scratch: tuple[Tensor, Tensor] | None = None
+    scratch: dict[str, Tensor] = {}  # fp32 pieces of the parameter (when narrower) and gradient
     scale = None if grad_scale is None else grad_scale.to(exp_avgs[0].device, dtype)
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
         mx = [max_exp_avg_sqs[i]] if hp.amsgrad else []
@@ -179,16 +179,17 @@ def _mixed(
             p.copy_(wide)
             continue
         n = p.numel()
-        if scratch is None:
-            size = min(CHUNK_NUMEL, max(t.numel() for t in params))
-            scratch = (torch.empty(size, dtype=dtype), torch.empty(size, dtype=dtype))
+        narrow_p = p.dtype != dtype  # fp32 parameters with bf16 gradients update in place
+        size = min(CHUNK_NUMEL, max(t.numel() for t in params))
+        for name in ("p", "g") if narrow_p else ("g",):
+            if name not in scratch:
+                scratch[name] = torch.empty(size, dtype=dtype)
         pf, gf, mf, vf = (t.view(-1) for t in (p, g, m, v))
         xf = [t.view(-1) for t in mx]
-        narrow_p = p.dtype != dtype  # fp32 parameters with bf16 gradients update in place
         for a in range(0, n, CHUNK_NUMEL):
             b = min(n, a + CHUNK_NUMEL)
-            wp = scratch[0][: b - a] if narrow_p else pf[a:b]
-            wg = scratch[1][: b - a]
+            wp = scratch["p"][: b - a] if narrow_p else pf[a:b]
+            wg = scratch["g"][: b - a]
             if narrow_p:
                 wp.copy_(pf[a:b])
             wg.copy_(gf[a:b])

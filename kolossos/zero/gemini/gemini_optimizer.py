@@ -5,13 +5,10 @@ hyper-parameters), from the model's parameters to this rank's slices of them: vi
 chunks' fp32 ``master`` shards, with views into the gradient shards as gradients. A
 ``HybridAdam`` then steps host-resident shards on the CPU and device-resident ones on the device.
 
-The gradient shards are fp32, except in bf16 training with one of kolossos' Adams
-(``HybridAdam``, ``CPUAdam``, ``FusedAdam``; no NVMe-streamed states; torch 2.10 or later):
-those widen each gradient to fp32 inside the update, a cache-sized piece at a time, so the
-shards stay bf16 (the dtype the reduction produced, so nothing is lost) and the model states
-peak at (2 + 12)·Ψ/N bytes instead of (4 + 12)·Ψ/N. Clipping then computes the norm in fp32 as
-before and hands the factor to the update, which multiplies the widened gradient by it: the
-same fp32 products as scaling fp32 gradients.
+The gradient shards are fp32, except in bf16 training with one of kolossos' Adams (no
+NVMe-streamed states; torch 2.10 or later): those widen each gradient inside the update
+(:mod:`kolossos.zero.narrow_grads`), so the shards stay bf16, the dtype the reduction produced,
+and the model states peak at (2 + 12)·Ψ/N bytes instead of (4 + 12)·Ψ/N, training unchanged.
 
 fp16 gets a dynamic loss scale (overflow agreed on by all ranks, the step skipped); clipping is by
 the global norm over every rank's gradient shards.
@@ -37,7 +34,6 @@ from kolossos.cluster.collectives import comm_device
 from kolossos.interface import OptimizerWrapper
 from kolossos.interface.optimizer import _check_clip
 from kolossos.nn.optimizer import CPUAdam, HybridAdam
-from kolossos.nn.optimizer._adam_base import AdamBase
 from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
 from kolossos.nn.optimizer.fused_step import fused_adam_step
 from kolossos.zero.gemini.chunk import Chunk
@@ -48,6 +44,7 @@ from kolossos.zero.gemini.optim_placement import host_optim_chunks, move_optim_d
 from kolossos.zero.gemini.optim_state import ShardedStateIO
 from kolossos.zero.low_level.clip import check_finite_norm, clip_coefficient, global_norm
 from kolossos.zero.low_level.options import check_norm_type
+from kolossos.zero.narrow_grads import DeferredClip
 
 __all__ = ["GeminiAdamOptimizer", "GeminiOptimizer"]
 
@@ -122,17 +119,10 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         ]
         self.slices: list[Slice] = self._repoint()
         _rebuild_nvme_offloader(self.optim)
-        narrow = (
-            module.dtype == torch.bfloat16
-            and isinstance(self.optim, AdamBase)
-            and not any(self.optim.is_streamed(view) for *_, view in self.slices)
-            and hasattr(torch.Tensor, "grad_dtype")  # torch >= 2.10: a .grad of another dtype
-        )
-        for chunk in self.manager:  # bf16 gradient shards (module doc)
-            chunk.grad_dtype = module.dtype if narrow else torch.float32
-        for *_, view in self.slices if narrow else ():
-            view.grad_dtype = None  # bf16 gradients of fp32 masters
-        self._narrow_scale: torch.Tensor | None = None  # clipping deferred to the update
+        views = [view for *_, view in self.slices]
+        self._clip = DeferredClip.for_update(self.optim, views, module.dtype)
+        for chunk in self.manager if self._clip.enabled else ():  # bf16 shards (module doc)
+            chunk.grad_dtype = module.dtype
         self._prepared: bool | None = None  # found_inf of the prepared gradients
         self._skipped = False
 
@@ -201,14 +191,14 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Back-propagate ``loss * loss_scale`` and finish the chunks' reduction (COLLECTIVE)."""
         self._prepared = None
-        self._apply_narrow_scale()  # accumulate onto clipped gradients, as with fp32 ones
+        self._apply_deferred_clip()  # accumulate onto clipped gradients, as with fp32 ones
         (loss.float() * self.loss_scale).backward(*args, **kwargs)
         self.module.finish_backward()
 
     def backward_by_grad(self, tensor: torch.Tensor, grad: torch.Tensor) -> None:
         """Back-propagate from ``tensor`` with upstream ``grad`` (scaled likewise)."""
         self._prepared = None
-        self._apply_narrow_scale()
+        self._apply_deferred_clip()
         torch.autograd.backward(tensor, grad * self.loss_scale)
         self.module.finish_backward()
 
@@ -258,22 +248,14 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         if total is None:
             total = global_norm(self._grad_shards(), norm_type, group, device)
         check_finite_norm(total, norm_type, error_if_nonfinite)
-        coef = clip_coefficient(max_norm, total)
-        narrow = False
-        for g in self._grad_shards():
-            if g.dtype == torch.float32:
-                g.mul_(coef.to(g.device))
-            else:
-                narrow = True
-        if narrow:  # bf16 shards: the update multiplies them once widened (module doc)
-            self._narrow_scale = coef if self._narrow_scale is None else self._narrow_scale * coef
+        self._clip.scale(self._grad_shards(), clip_coefficient(max_norm, total))
         return total
 
     def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
         """Clamp every gradient element into ``[-clip_value, clip_value]``."""
         _check_clip(clip_value, "clip_value")
         if not self._prepare():
-            self._apply_narrow_scale()  # clamp the clipped values, as with fp32 gradients
+            self._apply_deferred_clip()  # clamp the clipped values, as with fp32 gradients
             for g in self._grad_shards():
                 g.clamp_(-clip_value, clip_value)
 
@@ -304,8 +286,7 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
             # a parameter without any gradient in this accumulation is skipped, as torch does
             got = chunk.grad_shard is not None and self.manager.locate(p)[1].has_grad
             view.grad = chunk.grad_shard[begin:end] if got else None  # type: ignore[index]
-        scale, self._narrow_scale = self._narrow_scale, None
-        with fused_adam_step(self.optim), _scaling_narrow_grads(self.optim, scale):
+        with fused_adam_step(self.optim), self._clip.stepping(self.optim):
             out = self.optim.step()  # host shards of a plain Adam: torch's fused kernel
         for *_, view in self.slices:
             view.grad = None
@@ -315,15 +296,14 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         self._prepared = None
         return out
 
-    def _apply_narrow_scale(self) -> None:
+    def _apply_deferred_clip(self) -> None:
         """Apply a deferred clipping factor to the bf16 gradient shards now, widening them."""
-        if self._narrow_scale is None:
+        if self._clip.factor is None:
             return
         for chunk in self.manager:
-            grad = chunk.grad_shard
-            if grad is not None and grad.dtype != torch.float32:
-                chunk.grad_shard = grad.float().mul_(self._narrow_scale.to(grad.device))
-        self._narrow_scale = None
+            if chunk.grad_shard is not None:
+                chunk.grad_shard = self._clip.widen(chunk.grad_shard)
+        self._clip.clear()
 
     def _place_optim_data(self) -> None:
         """Move the optimizer data of the chunks the policy grants to the device (auto)."""
@@ -351,18 +331,7 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         for *_, view in self.slices:
             view.grad = None
         self._prepared = None
-        self._narrow_scale = None
-
-
-def _scaling_narrow_grads(
-    optim: Optimizer, scale: torch.Tensor | None
-) -> contextlib.AbstractContextManager[None]:
-    """``optim.narrow_grads_scaled(scale)`` when there is a deferred factor (only kolossos' Adams
-    get bf16 gradient shards), else nothing."""
-    if scale is None:
-        return contextlib.nullcontext()
-    assert isinstance(optim, AdamBase)
-    return optim.narrow_grads_scaled(scale)
+        self._clip.clear()
 
 
 def _rebuild_nvme_offloader(optim: Optimizer) -> None:

@@ -30,7 +30,7 @@ from kolossos.logging import get_dist_logger
 from kolossos.nn.optimizer.flat_shards import check_flat_shard_safe
 from kolossos.nn.optimizer.fused_step import fused_adam_step
 from kolossos.zero.low_level.bucket import plan_buckets
-from kolossos.zero.low_level.clip import clip_by_global_norm_
+from kolossos.zero.low_level.clip import check_finite_norm, clip_coefficient, global_norm
 from kolossos.zero.low_level.comm import Communicator
 from kolossos.zero.low_level.flat_buffers import flatten_params
 from kolossos.zero.low_level.grad_buffers import FlatGradBuffers
@@ -41,6 +41,7 @@ from kolossos.zero.low_level.options import ZeroOptions, check_norm_type
 from kolossos.zero.low_level.overlap import ParamGatherer
 from kolossos.zero.low_level.partition import FlatLayout, ParamSpan
 from kolossos.zero.low_level.reducer import GradientReducer
+from kolossos.zero.narrow_grads import DeferredClip
 
 __all__ = ["LowLevelZeroOptimizer"]
 
@@ -91,6 +92,9 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         >>> opt.backward(model(torch.ones(2, 8, dtype=torch.bfloat16)).float().sum())
         >>> opt.step(); opt.zero_grad()  # doctest: +SKIP
     """
+
+    narrow_grads = True
+    """bf16 gradient partitions go to kolossos' Adams as they are (kolossos.zero.narrow_grads)"""
 
     def __init__(
         self,
@@ -156,6 +160,9 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         if dtype == torch.float16:
             self.scaler = DynamicGradScaler.from_policy(self.loss_scale_policy, verbose)
         self._build_reducer(communication_dtype or dtype)
+        narrow = self.narrow_grads and self.options.master_weights
+        self._clip = DeferredClip.for_update(self.optim, self.masters.params,
+                                             dtype if narrow else torch.float32)  # fmt: skip
         self._no_sync = False
         self._backwards = 0  # backward passes since the last zero_grad
         self._prepared: tuple[list[torch.Tensor | None], bool] | None = None
@@ -359,6 +366,7 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         if self.flat_grads is not None:
             self.reducer.attach_grads()
         self._prepared = None
+        self._clip.clear()  # a clip before this backward applied to gradients it replaces
         self.reducer.begin(sync=sync)
         try:
             yield
@@ -377,8 +385,8 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
     # ------------------------------------------------------------------ gradients
     def _prepare(self) -> tuple[list[torch.Tensor | None], bool]:
         """Gradient partitions next to the masters and in their dtype (fp32, or the working
-        dtype without master weights), unscaled; and the global overflow flag. Computed once
-        per step (clipping and ``step`` share it)."""
+        dtype without master weights; bf16 partitions stay bf16 for kolossos' Adams), unscaled;
+        and the global overflow flag. Computed once per step (clipping and ``step`` share it)."""
         if self._prepared is not None:
             return self._prepared
         if self.reducer.local_unreduced:  # no_sync passes, then step without a synced backward
@@ -386,7 +394,7 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         grads: list[torch.Tensor | None] = []
         for g, master in enumerate(self.masters.params):
             part = self.store.partition(g)
-            if part is not None and (part.dtype != master.dtype or part.device != master.device):
+            if part is not None and not self._clip.takes(part, master):
                 part = part.to(device=master.device, dtype=master.dtype)
             grads.append(part)
         found_inf = False
@@ -416,14 +424,17 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         if found_inf:
             return torch.tensor(float("inf"))
         group = self.comm.group
-        return clip_by_global_norm_(grads, max_norm, norm_type, group, comm_device(group),
-                                    error_if_nonfinite, pieces=self._valid(grads))  # fmt: skip
+        total = global_norm(self._valid(grads), norm_type, group, comm_device(group))
+        check_finite_norm(total, norm_type, error_if_nonfinite)
+        self._clip.scale(grads, clip_coefficient(max_norm, total))
+        return total
 
     def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
         """Clamp every element of the gradient partitions into ``[-clip_value, clip_value]``."""
         _check_clip(clip_value, "clip_value")
         grads, found_inf = self._prepare()
         if not found_inf:
+            self._clip.apply(grads)  # clamp the clipped values, as with fp32 gradients
             for g in grads:
                 if g is not None:
                     g.clamp_(-clip_value, clip_value)
@@ -451,8 +462,8 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
             self.clip_grad_by_norm(self.options.clip_grad_norm, self.options.norm_type)
         for master, grad in zip(self.masters.params, grads, strict=True):
             master.grad = grad
-        with fused_adam_step(self.optim):  # host shards of a plain Adam: torch's fused kernel
-            out = self.optim.step()
+        with fused_adam_step(self.optim), self._clip.stepping(self.optim):
+            out = self.optim.step()  # host shards of a plain Adam: torch's fused kernel
         for g, master in enumerate(self.masters.params):
             part, grad = self.store.partition(g), master.grad
             if part is None or grad is None or grad.data_ptr() != part.data_ptr():
@@ -481,4 +492,5 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
                 p.grad = None
         self.reducer.local_unreduced = False
         self._prepared = None
+        self._clip.clear()
         self._backwards = 0
