@@ -7,9 +7,11 @@ implementation that needs no compiler on the user's machine:
   vectorised and multi-threaded (``torch.get_num_threads()``) on the CPU and fused on CUDA. Every
   element is read and written once, so the update runs at memory bandwidth.
 - **mixed**: low-precision parameters or gradients (bf16/fp16) with fp32 states, the layout
-  CPUAdam/HybridAdam keep. On the CPU the tensors are walked in cache-sized chunks: a chunk of the
-  parameter and gradient is widened into fp32 scratch buffers, updated by the fused kernel together
-  with the matching slices of the states, and rounded back. Nothing parameter-sized is allocated.
+  CPUAdam/HybridAdam keep. The tensors are walked in pieces: a piece of the parameter and gradient
+  is widened into fp32 scratch buffers, updated by the fused kernel together with the matching
+  slices of the states, and rounded back. On the CPU a piece is cache-sized (``CHUNK_NUMEL``), on
+  an accelerator 16 Mi elements (a few launches for the largest tensors). Nothing
+  parameter-sized is allocated (a non-contiguous tensor is widened whole).
 - **foreach**: a plain ``torch._foreach_*`` implementation, the automatic fallback wherever the
   fused kernel is missing (older torch, other devices or dtypes).
 
@@ -33,6 +35,8 @@ __all__ = ["CHUNK_NUMEL", "AdamHyper", "adam_update", "fused_supported"]
 #: boundaries fall on the same elements as the NVMe offloader's unit boundaries (bitwise-identical
 #: results whether states are resident or streamed).
 CHUNK_NUMEL = 1 << 18
+#: elements per piece of the mixed-precision path on an accelerator (64 MiB of fp32 scratch)
+ACCELERATOR_PIECE_NUMEL = 1 << 24
 
 _FUSED_DEVICES = frozenset({"cpu", "cuda", "xpu", "mps"})
 _FUSED_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
@@ -171,8 +175,7 @@ def _mixed(
     scale = None if grad_scale is None else grad_scale.to(exp_avgs[0].device, dtype)
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
         mx = [max_exp_avg_sqs[i]] if hp.amsgrad else []
-        flat = p.device.type == "cpu" and all(t.is_contiguous() for t in (p, g, m, v, *mx))
-        if not flat:  # widen the whole tensor (accelerators: one launch beats many chunks)
+        if not all(t.is_contiguous() for t in (p, g, m, v, *mx)):  # widen the whole tensor
             wide = p.to(dtype)
             wide_g = g.to(dtype) if scale is None else g.to(dtype) * scale
             update([wide], [wide_g], [m], [v], mx, [steps[i]], hp)
@@ -180,14 +183,15 @@ def _mixed(
             continue
         n = p.numel()
         narrow_p = p.dtype != dtype  # fp32 parameters with bf16 gradients update in place
-        size = min(CHUNK_NUMEL, max(t.numel() for t in params))
+        piece = CHUNK_NUMEL if p.device.type == "cpu" else ACCELERATOR_PIECE_NUMEL
+        size = min(piece, max(t.numel() for t in params))
         for name in ("p", "g") if narrow_p else ("g",):
             if name not in scratch:
-                scratch[name] = torch.empty(size, dtype=dtype)
+                scratch[name] = torch.empty(size, dtype=dtype, device=p.device)
         pf, gf, mf, vf = (t.view(-1) for t in (p, g, m, v))
         xf = [t.view(-1) for t in mx]
-        for a in range(0, n, CHUNK_NUMEL):
-            b = min(n, a + CHUNK_NUMEL)
+        for a in range(0, n, piece):
+            b = min(n, a + piece)
             wp = scratch["p"][: b - a] if narrow_p else pf[a:b]
             wg = scratch["g"][: b - a]
             if narrow_p:
