@@ -3,8 +3,8 @@
 A ZeRO engine training in bf16 reduces its gradients in bf16. Copying them to fp32 for the step
 costs 4 bytes per parameter of the rank's share at the step's peak, and a pass over memory.
 kolossos' Adams (``HybridAdam``, ``CPUAdam``, ``FusedAdam``) widen a gradient narrower than its
-states inside the update instead, a cache-sized piece at a time on the CPU and a tensor at a time
-on an accelerator, so the engines hand them the bf16 gradients as they are: the values are the
+states inside the update instead, a piece at a time (cache-sized on the CPU, 16 Mi elements on
+an accelerator), so the engines hand them the bf16 gradients as they are: the values are the
 same (bf16 to fp32 is exact) and so is the update.
 
 Clipping must then not scale the bf16 gradients in place, which would round the products to

@@ -135,7 +135,7 @@ def test_gemini_on_cuda_matches_plain_training(precision: str, placement: str) -
 def test_bf16_gradient_shards_bit_identical_on_cuda(placement: str) -> None:
     """bf16 gradient shards (HybridAdam widens them in the update, times the deferred clipping
     factor) against fp32 shards (the chunks' ``grad_dtype``, the one switch): the same masters
-    bit for bit. ``static`` steps the masters on the GPU (a whole tensor widened at a time),
+    bit for bit. ``static`` steps the masters on the GPU (in 16 Mi-element pieces),
     ``cpu`` on the host (in cache-sized pieces). tests/dist/test_gemini_bf16_grads.py is the
     CPU-rank version."""
     from kolossos.nn.optimizer import HybridAdam
