@@ -36,6 +36,7 @@ from torch.distributed.tensor.placement_types import Placement, Shard
 from kolossos.tensor import ColoTensor, ColoTensorSpec, ProcessGroup
 from kolossos.zero.gemini.chunk import ChunkManager
 from kolossos.zero.gemini.full_tensors import local_range
+from kolossos.zero.low_level.clip import power_sum
 
 __all__ = [
     "find_tp_process_group",
@@ -264,11 +265,7 @@ def _power_sum(pieces: list[torch.Tensor], norm_type: float, device: torch.devic
         if math.isinf(norm_type):
             total = torch.maximum(total, g.abs().max().float().to(device))
         else:
-            total = (
-                total
-                + torch.linalg.vector_norm(g, norm_type, dtype=torch.float32).to(device)
-                ** norm_type
-            )
+            total = total + power_sum(g, norm_type).to(device)
     return total
 
 

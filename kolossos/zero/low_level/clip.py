@@ -14,12 +14,17 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+#: elements per piece of :func:`power_sum` (1 MiB in fp32, as the Adam update's pieces)
+NORM_PIECE_NUMEL = 1 << 18
+
 __all__ = [
+    "NORM_PIECE_NUMEL",
     "check_finite_norm",
     "clip_by_global_norm_",
     "clip_by_total_norm_",
     "clip_coefficient",
     "global_norm",
+    "power_sum",
 ]
 
 
@@ -46,13 +51,23 @@ def global_norm(
         total = torch.stack(maxima).max() if maxima else torch.zeros((), device=device)
         dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
         return total
-    powers = [
-        torch.linalg.vector_norm(g, norm_type, dtype=torch.float32).to(device) ** norm_type
-        for g in valid
-    ]
+    powers = [power_sum(g, norm_type).to(device) for g in valid]
     total = torch.stack(powers).sum() if powers else torch.zeros((), device=device)
     dist.all_reduce(total, group=group)
     return total ** (1.0 / norm_type)
+
+
+def power_sum(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """``sum(|grad| ** norm_type)`` (finite ``norm_type``) in fp32, over pieces of
+    ``NORM_PIECE_NUMEL`` elements widened to fp32 one at a time: a bf16 gradient and its fp32 copy
+    give the same bits, a bf16 one needs no fp32 copy (and avoids the CPU's slow mixed-dtype
+    norm), and a large tensor sums more accurately than in one reduction."""
+    flat = grad.reshape(-1)
+    parts = [
+        torch.linalg.vector_norm(flat[a : a + NORM_PIECE_NUMEL].float(), norm_type) ** norm_type
+        for a in range(0, flat.numel(), NORM_PIECE_NUMEL)
+    ]
+    return torch.stack(parts).sum() if parts else torch.zeros((), device=grad.device)
 
 
 def clip_by_total_norm_(
