@@ -20,7 +20,6 @@ NORM_PIECE_NUMEL = 1 << 18
 __all__ = [
     "NORM_PIECE_NUMEL",
     "check_finite_norm",
-    "clip_by_global_norm_",
     "clip_by_total_norm_",
     "clip_coefficient",
     "global_norm",
@@ -96,32 +95,3 @@ def check_finite_norm(total: torch.Tensor, norm_type: float, error_if_nonfinite:
             f"the total norm of order {norm_type} of the gradients is non-finite; set "
             "error_if_nonfinite=False to clip anyway."
         )
-
-
-def clip_by_global_norm_(
-    grads: Sequence[torch.Tensor | None],
-    max_norm: float,
-    norm_type: float,
-    group: dist.ProcessGroup | None,
-    device: torch.device,
-    error_if_nonfinite: bool = False,
-    pieces: Sequence[torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Clip this rank's gradient pieces so the norm over all ranks is at most ``max_norm`` (a
-    collective); returns the norm before clipping.
-
-    Args:
-        grads: the tensors to scale in place (``None`` entries are skipped).
-        max_norm: the largest norm allowed.
-        norm_type: ``p`` > 0, or ``inf``.
-        group: the ranks whose pieces make up the gradients.
-        device: where the all-reduced scalar lives (the CPU for gloo).
-        error_if_nonfinite: raise instead of clipping by a non-finite norm.
-        pieces: what the norm is computed over when it differs from ``grads`` (e.g. without
-            padding); default: the non-``None`` ``grads``.
-    """
-    counted = pieces if pieces is not None else [g for g in grads if g is not None]
-    total = global_norm(counted, norm_type, group, device)
-    check_finite_norm(total, norm_type, error_if_nonfinite)
-    clip_by_total_norm_(grads, max_norm, total)
-    return total
