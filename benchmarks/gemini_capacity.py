@@ -34,8 +34,8 @@ one), ``GeminiPlugin(placement_policy="auto", precision="bf16", chunk_init_devic
 gpu_margin_mem_ratio=1.0)`` with ``HybridAdam``: chunks live on the host and visit the device
 when needed; the optimizer data of as many chunks as the spare device memory holds is placed on
 the device before the first step (its Adam states are created there), the rest is stepped on
-the CPU. ``--device cpu`` runs the same code with gloo
-on the CPU (a smoke test: device and host are then one memory).
+the CPU. ``--device cpu`` runs the same code with gloo on the CPU (a smoke test: device and
+host are then one memory).
 
 Usage (one GPU)::
 
