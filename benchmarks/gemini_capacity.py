@@ -224,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-cap", type=float, default=0.95,
                         help="Gemini's steady_cuda_cap_ratio")  # fmt: skip
     args = parser.parse_args(argv)
+    if not 0 < args.steady_cap <= 1 or not all(f > 0 for f in args.gemini_fractions):
+        parser.error(
+            f"--steady-cap {args.steady_cap} must lie in (0, 1] and --gemini-fractions "
+            f"{args.gemini_fractions} must be positive, e.g. --steady-cap 0.95"
+        )
     if args.attempt:
         print(json.dumps(_attempt(args)), flush=True)
         return 0

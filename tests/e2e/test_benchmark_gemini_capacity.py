@@ -55,3 +55,19 @@ def test_cpu_smoke_run() -> None:
     summary = lines[3]
     assert summary["gemini_over_ddp"] == round(gpt2_params(2, 64, 32) / gpt2_params(1, 64, 32), 2)
     assert 0 < summary["gemini_of_limit"] < 1
+
+
+def test_rejects_a_steady_cap_outside_the_unit_interval() -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.gemini_capacity",
+        "--device",
+        "cpu",
+        "--steady-cap",
+        "1.5",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT, check=False
+    )
+    assert proc.returncode == 2 and "--steady-cap 1.5 must lie in (0, 1]" in proc.stderr
