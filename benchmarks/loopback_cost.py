@@ -9,9 +9,6 @@ milliseconds (the process's, all threads, kernel included) summed over both rank
   the bytes are copied into a socket by the sender and out of it by the receiver);
 * ``socket-fresh``: the same into a buffer allocated for each transfer (its pages are faulted and
   zeroed by the kernel as the data arrives);
-* ``socket-fresh-huge``: the same into a buffer allocated for each transfer by
-  :func:`kolossos.accelerator.host_buffers.empty_host` (as the ZeRO and Gemini engines allocate
-  theirs: faulted in 2 MiB pages where the kernel offers transparent huge pages);
 * ``shared-memory``: the sender copies into a segment of ``/dev/shm`` both ranks mapped, then
   signals with a one-element ``isend``; the receiver adds from the segment.
 
@@ -33,13 +30,10 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.timing import time_collective
-from kolossos.accelerator.host_buffers import empty_host
 
 __all__ = ["PATHS", "main"]
 
-CPU = torch.device("cpu")
-
-PATHS = ("socket", "socket-fresh", "socket-fresh-huge", "shared-memory")
+PATHS = ("socket", "socket-fresh", "shared-memory")
 
 
 def _wait(work: Any) -> None:
@@ -53,11 +47,11 @@ def _paths(rank: int, numel: int, segment: str) -> dict[str, Callable[[], None]]
     shared = torch.from_file(segment, shared=True, size=numel, dtype=torch.float32)
     flag = torch.zeros(1)
 
-    def socket(allocate: Callable[[], torch.Tensor] | None) -> None:
+    def socket(fresh: bool) -> None:
         if rank == 1:
             _wait(dist.isend(source, 0))
             return
-        received = allocate() if allocate is not None else reused
+        received = torch.empty(numel) if fresh else reused
         _wait(dist.irecv(received, 1))
         total.add_(received)
 
@@ -70,9 +64,8 @@ def _paths(rank: int, numel: int, segment: str) -> dict[str, Callable[[], None]]
         total.add_(shared)
 
     return {
-        "socket": lambda: socket(None),
-        "socket-fresh": lambda: socket(lambda: torch.empty(numel)),
-        "socket-fresh-huge": lambda: socket(lambda: empty_host(numel, torch.float32, CPU)),
+        "socket": lambda: socket(False),
+        "socket-fresh": lambda: socket(True),
         "shared-memory": shared_memory,
     }
 
@@ -119,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.mib:g} MiB from rank 1 to rank 0, best of 2 x {args.loops} transfers:")
     for name, cost in result.items():
         wall, cpu = cost["wall_ms"], cost["cpu_ms"]
-        print(f"  {name:17s} wall {wall:7.1f} ms   CPU (both ranks) {cpu:7.1f} ms")
+        print(f"  {name:14s} wall {wall:7.1f} ms   CPU (both ranks) {cpu:7.1f} ms")
     print(json.dumps({"mib": args.mib, "loops": args.loops, "paths": result}))
     return 0
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kolossos.accelerator.host_buffers import empty_host
 from kolossos.zero.low_level.partition import FlatLayout
 
 __all__ = ["BucketPiece", "BucketSpec", "BufferPool", "buckets_of_params", "plan_buckets"]
@@ -125,7 +124,9 @@ class BufferPool:
         """A buffer view of ``numel`` elements with undefined content."""
         assert numel <= self.capacity, f"{numel} > pool capacity {self.capacity}"
         base = (
-            self._free.pop() if self._free else empty_host(self.capacity, self.dtype, self.device)
+            self._free.pop()
+            if self._free
+            else torch.empty(self.capacity, dtype=self.dtype, device=self.device)
         )
         return base[:numel]
 

@@ -15,7 +15,6 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from kolossos.accelerator.host_buffers import empty_host
 from kolossos.zero.low_level.flat_buffers import param_views
 from kolossos.zero.low_level.partition import FlatLayout
 
@@ -48,7 +47,7 @@ class FlatGradBuffers:
         flat = self._flat[group]
         if flat is None:
             layout = self.layouts[group]
-            flat = empty_host(layout.padded_numel, self.dtype, self.device)
+            flat = torch.empty(layout.padded_numel, dtype=self.dtype, device=self.device)
             for rank in range(layout.world_size):
                 start, stop = layout.partition_range(rank)
                 flat[start + layout.valid_numel(rank) : stop].zero_()

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 
 import torch
 
-from kolossos.accelerator.host_buffers import empty_host
 from kolossos.zero.low_level.grad_buffers import FlatGradBuffers
 from kolossos.zero.low_level.partition import FlatLayout
 
@@ -83,7 +82,7 @@ class GradStore:
         buffer = self._buffers[group]
         if buffer is None:
             numel = self.layouts[group].partition_numel
-            buffer = empty_host(numel, self.dtype, self.device).zero_()
+            buffer = torch.zeros(numel, dtype=self.dtype, device=self.device)
             self._buffers[group] = buffer
         lo = start - part_start
         target = buffer[lo : lo + values.numel()]

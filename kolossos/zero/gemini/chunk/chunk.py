@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from kolossos.accelerator.host_buffers import empty_host
 from kolossos.zero.gemini.chunk.comm import ChunkComm, Pending
 from kolossos.zero.gemini.chunk.state import TensorState, check_transition
 from kolossos.zero.gemini.memory_tracer.scope import model_data_scope
@@ -241,7 +240,9 @@ class Chunk:
         src = self.working_shard()
         with model_data_scope():  # the CPU memory tracer bills chunks to model data
             src = src.to(self.compute_device)
-            self.payload = empty_host(self.chunk_size, self.dtype, self.compute_device)
+            self.payload = torch.empty(
+                self.chunk_size, dtype=self.dtype, device=self.compute_device
+            )
         self.gathers += 1
         pending = self.comm.all_gather(self.payload, src, self.chunk_id, async_op=async_op)
         if pending is not None:
@@ -273,9 +274,9 @@ class Chunk:
         tensor of the chunk has its gradient (time to :meth:`reduce`)."""
         if self.grad_payload is None:  # the slots no gradient reaches are zeroed in reduce
             own = self.payload if self.grads_in_payload else None
-            if own is None:
-                own = empty_host(self.chunk_size, self.dtype, self.compute_device)
-            self.grad_payload = own
+            self.grad_payload = own if own is not None else torch.empty(
+                self.chunk_size, dtype=self.dtype, device=self.compute_device
+            )  # fmt: skip
         slot = self.grad_payload[info.offset : info.offset + info.numel].view(info.shape)
         info.has_grad = True
         if info.state is TensorState.READY_FOR_REDUCE:
@@ -304,7 +305,7 @@ class Chunk:
         if self.world_size == 1:
             part = self.grad_payload
         else:
-            part = empty_host(self.shard_size, self.dtype, self.compute_device)
+            part = torch.empty(self.shard_size, dtype=self.dtype, device=self.compute_device)
             self.comm.reduce_scatter(part, self.grad_payload, self.chunk_id)
         self.grad_payload = None
         if self.grad_shard is None:  # on the master's device: the part itself when it can be
