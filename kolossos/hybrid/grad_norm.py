@@ -24,6 +24,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from kolossos.zero.low_level.clip import power_sum
+
 __all__ = ["tp_global_norm"]
 
 
@@ -41,8 +43,7 @@ def _partials(
             value = grad.detach().abs().max().float().to(device)
             out[slot] = torch.maximum(out[slot], value)
         else:
-            norm = torch.linalg.vector_norm(grad.detach(), norm_type, dtype=torch.float32)
-            out[slot] += norm.to(device) ** norm_type
+            out[slot] += power_sum(grad.detach(), norm_type).to(device)
     return out
 
 

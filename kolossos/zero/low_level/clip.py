@@ -14,15 +14,21 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-#: elements per piece of :func:`power_sum` (1 MiB in fp32, as the Adam update's pieces)
+#: elements per piece of :func:`power_sum` on the CPU (1 MiB in fp32, as the Adam update's
+#: pieces there: cache-sized)
 NORM_PIECE_NUMEL = 1 << 18
+#: elements per piece on an accelerator (64 MiB in fp32, as the Adam update's pieces there): few
+#: kernel launches, where CPU-sized pieces would cost four thousand for a billion elements
+ACCELERATOR_NORM_PIECE_NUMEL = 1 << 24
 
 __all__ = [
+    "ACCELERATOR_NORM_PIECE_NUMEL",
     "NORM_PIECE_NUMEL",
     "check_finite_norm",
     "clip_by_total_norm_",
     "clip_coefficient",
     "global_norm",
+    "norm_piece_numel",
     "power_sum",
 ]
 
@@ -56,15 +62,22 @@ def global_norm(
     return total ** (1.0 / norm_type)
 
 
+def norm_piece_numel(device: torch.device) -> int:
+    """Elements per piece of :func:`power_sum` on ``device``: :data:`NORM_PIECE_NUMEL` on the
+    CPU, :data:`ACCELERATOR_NORM_PIECE_NUMEL` elsewhere."""
+    return NORM_PIECE_NUMEL if device.type == "cpu" else ACCELERATOR_NORM_PIECE_NUMEL
+
+
 def power_sum(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
     """``sum(|grad| ** norm_type)`` (finite ``norm_type``) in fp32, over pieces of
-    ``NORM_PIECE_NUMEL`` elements widened to fp32 one at a time: a bf16 gradient and its fp32 copy
-    give the same bits, a bf16 one needs no fp32 copy (and avoids the CPU's slow mixed-dtype
-    norm), and a large tensor sums more accurately than in one reduction."""
+    :func:`norm_piece_numel` elements widened to fp32 one at a time: a bf16 gradient and its fp32
+    copy give the same bits, a bf16 one needs no fp32 copy (and avoids the CPU's slow
+    mixed-dtype norm), and a large tensor sums more accurately than in one reduction."""
     flat = grad.reshape(-1)
+    step = norm_piece_numel(grad.device)
     parts = [
-        torch.linalg.vector_norm(flat[a : a + NORM_PIECE_NUMEL].float(), norm_type) ** norm_type
-        for a in range(0, flat.numel(), NORM_PIECE_NUMEL)
+        torch.linalg.vector_norm(flat[a : a + step].float(), norm_type) ** norm_type
+        for a in range(0, flat.numel(), step)
     ]
     return torch.stack(parts).sum() if parts else torch.zeros((), device=grad.device)
 
