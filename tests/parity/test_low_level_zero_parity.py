@@ -209,14 +209,17 @@ def test_clipping_matches_single_process(stage: int) -> None:
 @pytest.mark.parametrize("world_size", [2, 4])
 @distributed()
 def test_accumulation_equals_large_batch(world_size: int) -> None:
-    """``no_sync`` (stage 1: no communication; stage 2: still reduces, correctly) and plain
-    repeated backward passes both equal one step on the concatenated batch."""
+    """Four backward passes per step, each synchronised (``S``) or under ``no_sync`` (``N``;
+    stage 1: no communication, stage 2: still reduces), equal one step on the concatenated
+    batch. Stage 1 keeps only gradient partitions while nothing was accumulated locally since
+    ``zero_grad`` and its flat gradient buffer after that, so ``SNSN`` crosses both (the
+    flat pass adds into partitions a partitioned pass made; the step reduces the last ``N``)."""
     rank, accum = dist.get_rank(), 4
 
     @parameterize("stage", [1, 2])
-    @parameterize("use_no_sync", [True, False])
+    @parameterize("pattern", ["NNNS", "SSSS", "SNSN"])
     @parameterize("precision", ["fp32", "bf16"])
-    def case(stage: int, use_no_sync: bool, precision: str) -> None:
+    def case(stage: int, pattern: str, precision: str) -> None:
         torch.manual_seed(0)
         model = TinyMLP()
         ref = Reference(copy.deepcopy(model), precision)
@@ -224,16 +227,19 @@ def test_accumulation_equals_large_batch(world_size: int) -> None:
         micro = make_classification_batches(accum, 8, seed=3) * STEPS  # STEPS windows
         for i, (x, y) in enumerate(micro):
             xs, ys = shard(x, rank, world_size), shard(y, rank, world_size)
-            last = (i + 1) % accum == 0
+            sync = pattern[i % accum] == "S"
             with CommCounter() as comm:
-                if use_no_sync and not last:
+                if sync:
+                    booster.backward(criterion(boosted(xs), ys) / accum, opt)
+                else:
                     with booster.no_sync(boosted, opt):
                         booster.backward(criterion(boosted(xs), ys) / accum, opt)
-                else:
-                    booster.backward(criterion(boosted(xs), ys) / accum, opt)
-            silent = use_no_sync and not last and stage == 1
+            silent = not sync and stage == 1
             assert (comm.calls() == 0) == silent, f"stage {stage}: {comm.calls()} collectives"
-            if last:
+            if stage == 1:  # the full gradient buffer exists once something accumulated locally
+                local = "N" in pattern[: i % accum + 1]
+                assert opt.flat_grads.alive(0) == local, f"{pattern} pass {i % accum}"
+            if (i + 1) % accum == 0:
                 opt.step()
                 opt.zero_grad()
                 xs_all = torch.cat([m[0] for m in micro[i + 1 - accum : i + 1]])

@@ -27,6 +27,8 @@ from kolossos.utils.profiling import (
 )
 from kolossos.utils.profiling.activations import activation_bytes
 from kolossos.utils.profiling.comm_estimate import comm_estimate
+from kolossos.utils.profiling.dp_memory import zero_phases
+from kolossos.utils.profiling.memory_phases import activation_points, working_bytes
 from kolossos.utils.profiling.model_params import padded_vocab
 from kolossos.utils.profiling.model_shape import KNOWN_MODELS
 from kolossos.utils.profiling.plugin_memory import _BUILDERS
@@ -197,33 +199,48 @@ def _work(name: str = "gpt2-tiny", batch: int = 8, seq: int = 64, device: str = 
     return Workload(shape=load_model_shape(name), seq_len=seq, batch=batch, device=device)
 
 
-def _step_states(layout: Layout, work: Workload) -> float:
+def _step_states(layout: Layout, work: Workload, local: bool = False) -> float:
+    """Model-state bytes at the step; ``local``: ZeRO-1 accumulated without communication
+    (a pipeline step), so it holds its full gradient buffer."""
     (rank,) = rank_models(work.shape)
-    step = next(p for p in _BUILDERS[layout.plugin](layout, work, rank) if p.name == "step")
+    if local:
+        w = working_bytes(layout.precision)
+        act = activation_bytes(work.shape, work.batch // layout.dp * work.seq_len, w)
+        phases = zero_phases(rank=rank, n=layout.dp, w=w, stage=layout.zero_stage, offload=False,
+                             act=act, at=activation_points(act, rank, False), work=work,
+                             local=True)  # fmt: skip
+    else:
+        phases = _BUILDERS[layout.plugin](layout, work, rank)
+    step = next(p for p in phases if p.name == "step")
     return sum(step.device.get(c, 0.0) for c in ("params", "grads", "optim"))
 
 
+ZERO1_FP32 = Layout(plugin="zero", precision="fp32", dp=4, zero_stage=1)
+
+
 @pytest.mark.parametrize(
-    ("layout", "strategy", "precision"),
+    ("layout", "strategy", "precision", "local"),
     [
-        (Layout(plugin="ddp", precision="fp32", dp=4), "ddp", "fp32"),
-        (Layout(plugin="zero", precision="bf16", dp=4, zero_stage=2), "zero2", "mixed"),
-        (Layout(plugin="zero", precision="fp32", dp=4, zero_stage=1), "zero1", None),
-        (Layout(plugin="fsdp", precision="bf16", dp=4, zero_stage=3), "zero3", "fp32"),
+        (Layout(plugin="ddp", precision="fp32", dp=4), "ddp", "fp32", False),
+        (Layout(plugin="zero", precision="bf16", dp=4, zero_stage=2), "zero2", "mixed", False),
+        # ZeRO-1 keeps partitions, as ZeRO-2 does, unless it accumulated locally
+        (ZERO1_FP32, "zero2", None, False),
+        (ZERO1_FP32, "zero1", None, True),
+        (Layout(plugin="fsdp", precision="bf16", dp=4, zero_stage=3), "zero3", "fp32", False),
     ],
 )
 def test_model_states_at_the_step_follow_the_zero_formulas(
-    layout: Layout, strategy: str, precision: str | None
+    layout: Layout, strategy: str, precision: str | None, local: bool
 ) -> None:
     work = _work(batch=4)
     psi = count_parameters(work.shape)
-    if precision is None:  # fp32 ZeRO-1: the master is the working weight, K = 8
+    if precision is None:  # fp32 ZeRO: the master is the working weight, K = 8
         from kolossos.utils.profiling import PrecisionBytes
 
         expected = model_state_bytes(psi, strategy, 4, PrecisionBytes(param=4, grad=4, optim=8))
     else:
         expected = model_state_bytes(psi, strategy, 4, precision)
-    assert _step_states(layout, work) == pytest.approx(expected.total, rel=1e-4)
+    assert _step_states(layout, work, local) == pytest.approx(expected.total, rel=1e-4)
 
 
 def test_activation_terms() -> None:
@@ -253,7 +270,8 @@ def test_memory_orders_between_plugins() -> None:
             "offload": Layout(plugin="zero", precision="fp32", dp=8, zero_stage=2, offload=True),
         }.items()
     }  # fmt: skip
-    assert peaks["ddp"] > peaks["zero1"] > peaks["zero2"] > peaks["gemini"] > peaks["ckpt"]
+    assert peaks["ddp"] > peaks["zero2"] > peaks["gemini"] > peaks["ckpt"]
+    assert peaks["zero1"] == peaks["zero2"]  # ZeRO-1 keeps partitions when it does not accumulate
     assert peaks["offload"] < peaks["zero2"]
     assert estimate_memory(Layout(plugin="ddp", precision="fp32", dp=8), work).peak_phase == "loss"
     offloaded = estimate_memory(

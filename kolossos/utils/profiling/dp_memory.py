@@ -6,10 +6,11 @@
   ``bf16`` run under autocast, which keeps half-precision copies of the weights through forward
   and backward; activations are then estimated at two bytes an element (an approximation:
   autocast keeps norms and softmax in fp32).
-* ``LowLevelZeroPlugin``: the flat working buffer, ZeRO-1's full flat gradient buffer (from the
-  first gradient of a step's backward to ``zero_grad``; through the forward passes too when a
-  step runs several backward passes, as pipeline micro-batches do) or ZeRO-2's gradient
-  partition, fp32 master partitions (a view of the working buffer for fp32 without offload),
+* ``LowLevelZeroPlugin``: the flat working buffer, the gradient partition (ZeRO-2; ZeRO-1 when
+  a step's backward passes are all synchronised) or ZeRO-1's full flat gradient buffer (when it
+  accumulates locally, as a pipeline step's micro-batches do: from the first gradient of a
+  step's backward to ``zero_grad``, through the forward passes after the first), fp32 master
+  partitions (a view of the working buffer for fp32 without offload),
   AdamW states of the partition, gradient bucket buffers during backward, the fp32
   copy of the gradient partition at the step (with ``cpu_offload`` masters, states and the fp32
   gradient partition are host memory).
@@ -67,10 +68,15 @@ def zero_phases(
     at: ActivationPoints,
     work: Workload,
     accumulating: bool = False,
+    local: bool = False,
 ) -> list[Phase]:
     """The phases of LowLevelZero's optimizer over ``rank``'s parameters and ``n`` ranks (the
     hybrid engine's ZeRO over its data-parallel axis too); ``accumulating``: several backward
-    passes per step, so ZeRO-1's flat gradient buffer is alive through the forward passes."""
+    passes per step; ``local``: ZeRO-1 accumulates them without communication (a pipeline
+    step), so its flat gradient buffer exists, and through the forward passes when
+    ``accumulating``. Otherwise ZeRO-1 keeps partitions, as ZeRO-2 does."""
+    if stage == 1 and not local:
+        stage = 2
     padded = -(-rank.numel // n) * n
     part = padded / n
     separate_master = w != 4 or offload

@@ -80,7 +80,7 @@ def hybrid_stage_phases(layout: Layout, work: Workload, rank: RankModel) -> list
     else:
         phases = zero_phases(rank=rank, n=layout.dp, w=w, stage=layout.zero_stage,
                              offload=layout.offload, act=act, at=at, work=work,
-                             accumulating=m > 1)  # fmt: skip
+                             accumulating=m > 1, local=layout.pp > 1)  # fmt: skip
     if layout.pp == 1:
         return phases
     # sends are asynchronous and their tensors live until the step's last wait: each

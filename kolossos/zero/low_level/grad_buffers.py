@@ -1,11 +1,11 @@
-"""ZeRO-1's full flat gradient buffers, allocated when a backward first needs them and freed by
-``zero_grad``.
+"""ZeRO-1's full flat gradient buffers, allocated when a backward first needs them (a pass that
+accumulates locally: ``no_sync``, a pipeline step, :mod:`~kolossos.zero.low_level.reducer`) and
+freed by ``zero_grad``.
 
 Between ``zero_grad`` and the next backward nothing in them is needed (the next pass overwrites
-every range it reaches and zeroes the others, :mod:`~kolossos.zero.low_level.reducer`), so they
-are not kept alive through the forward pass, where activations peak: ZeRO-1's peak memory is then
-close to ZeRO-2's, while between ``no_sync`` passes (no ``zero_grad``) the accumulated gradients
-stay where they are. A fresh buffer is uninitialised except for the partitions' padding, which
+every range it reaches and zeroes the others), so they are not kept alive through the forward
+pass, where activations peak, while between ``no_sync`` passes (no ``zero_grad``) the
+accumulated gradients stay where they are. A fresh buffer is uninitialised except for the partitions' padding, which
 no parameter covers and the owner's optimizer steps, so it is zeroed.
 """
 

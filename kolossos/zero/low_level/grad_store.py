@@ -1,13 +1,13 @@
 """Where this rank keeps the reduced gradients of its partitions between backward and step.
 
-Three layouts, chosen once from the ZeRO stage and offloading:
+Two layouts, chosen once from offloading:
 
 ============  =========================================================================
-``IN_PLACE``  ZeRO-1 on the device: the reduced values stay in the full flat gradient
-              buffer (the parameters' ``.grad`` are views of it); the partition is the
-              owned slice of that buffer. No extra memory.
-``SHARD``     ZeRO-2 on the device: one partition-sized buffer per group in the working
-              dtype, allocated at the first reduced bucket and freed by ``zero_grad``.
+``SHARD``     On the device: one partition-sized buffer per group in the working dtype,
+              allocated at the first reduced bucket and dropped by ``zero_grad``. A
+              ZeRO-1 pass that reduces its flat gradient buffer in place (after ``no_sync``
+              passes) lends the buffer's owned slice instead (:meth:`GradStore.keep_in_place`):
+              no copy, no extra memory.
 ``OFFLOAD``   CPU offload (both stages): one fp32 partition-sized buffer per group on the
               CPU, next to the fp32 master weights the CPU optimizer steps.
 ============  =========================================================================
@@ -23,7 +23,6 @@ from collections.abc import Sequence
 
 import torch
 
-from kolossos.zero.low_level.grad_buffers import FlatGradBuffers
 from kolossos.zero.low_level.partition import FlatLayout
 
 __all__ = ["GradStore", "StoreMode"]
@@ -32,7 +31,6 @@ __all__ = ["GradStore", "StoreMode"]
 class StoreMode(enum.Enum):
     """How reduced gradients are kept (see the module doc)."""
 
-    IN_PLACE = "in_place"
     SHARD = "shard"
     OFFLOAD = "offload"
 
@@ -46,7 +44,6 @@ class GradStore:
         mode: the layout (see :class:`StoreMode`).
         dtype: element type of ``SHARD`` buffers (``OFFLOAD`` buffers are fp32).
         device: where ``SHARD`` buffers live (``OFFLOAD`` buffers are on the CPU).
-        flat_grads: the full flat gradient buffers (``IN_PLACE`` only).
     """
 
     def __init__(
@@ -56,28 +53,18 @@ class GradStore:
         mode: StoreMode,
         dtype: torch.dtype,
         device: torch.device,
-        flat_grads: FlatGradBuffers | Sequence[torch.Tensor] | None = None,
     ) -> None:
-        if (mode is StoreMode.IN_PLACE) != (flat_grads is not None):
-            raise ValueError("flat_grads must be given exactly for StoreMode.IN_PLACE.")
         self.layouts = list(layouts)
         self.rank = rank
         self.mode = mode
         self.dtype = torch.float32 if mode is StoreMode.OFFLOAD else dtype
         self.device = torch.device("cpu") if mode is StoreMode.OFFLOAD else device
-        self._flat_grads = flat_grads  # the owner may replace the buffers: keep its sequence
         self._buffers: list[torch.Tensor | None] = [None] * len(self.layouts)
         self._filled = [False] * len(self.layouts)
 
     def accumulate(self, group: int, start: int, values: torch.Tensor) -> None:
-        """Add reduced values of the flat range starting at ``start`` (owned by this rank).
-
-        In ``IN_PLACE`` mode the values already sit in the flat buffer; only the fact is
-        recorded (``values`` must be that very slice).
-        """
+        """Add reduced values of the flat range starting at ``start`` (owned by this rank)."""
         self._filled[group] = True
-        if self.mode is StoreMode.IN_PLACE:
-            return
         part_start, _ = self.layouts[group].partition_range(self.rank)
         buffer = self._buffers[group]
         if buffer is None:
@@ -90,9 +77,23 @@ class GradStore:
             values = values.to(target.device, non_blocking=False)
         target.add_(values)
 
-    def mark_reduced(self, group: int) -> None:
-        """Record that group ``group`` received reduced gradients (``IN_PLACE`` mode)."""
+    def keep_in_place(self, group: int, partition: torch.Tensor) -> bool:
+        """Take ``partition``, the owned slice of ZeRO-1's flat gradient buffer whose ranges are
+        reduced in place, as group ``group``'s stored partition, if it can be.
+
+        Returns ``False`` when the caller must :meth:`accumulate` the reduced values instead:
+        with ``OFFLOAD``, or when an earlier (partitioned) pass already stored gradients in a
+        buffer of its own.
+        """
+        if self.mode is StoreMode.OFFLOAD:
+            return False
+        buffer = self._buffers[group]
+        if buffer is None:
+            self._buffers[group] = buffer = partition
+        if buffer.data_ptr() != partition.data_ptr():
+            return False
         self._filled[group] = True
+        return True
 
     def has_grads(self) -> bool:
         """Whether any gradient was reduced into the store since the last :meth:`clear`."""
@@ -103,17 +104,9 @@ class GradStore:
         ``None`` if nothing was reduced into it since the last :meth:`clear`."""
         if not self._filled[group]:
             return None
-        if self.mode is StoreMode.IN_PLACE:
-            assert self._flat_grads is not None
-            start, stop = self.layouts[group].partition_range(self.rank)
-            return self._flat_grads[group][start:stop]
         return self._buffers[group]
 
-    def clear(self, zero: bool = True) -> None:
-        """Forget every stored gradient (``IN_PLACE`` with ``zero``: zero the flat buffers;
-        without, their owner overwrites them instead)."""
-        if zero and self._flat_grads is not None:
-            for flat in self._flat_grads:
-                flat.zero_()
+    def clear(self) -> None:
+        """Forget every stored gradient (the buffers are dropped, not zeroed)."""
         self._buffers = [None] * len(self.layouts)
         self._filled = [False] * len(self.layouts)

@@ -232,17 +232,8 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         self.flat_grads: FlatGradBuffers | None = None
         if not stage2:
             self.flat_grads = FlatGradBuffers(self.layouts, self.working_dtype, device)
-        mode = StoreMode.SHARD if stage2 else StoreMode.IN_PLACE
-        if options.cpu_offload:
-            mode = StoreMode.OFFLOAD
-        self.store = GradStore(
-            self.layouts,
-            self.comm.rank,
-            mode,
-            self.working_dtype,
-            device,
-            self.flat_grads if mode is StoreMode.IN_PLACE else None,
-        )
+        mode = StoreMode.OFFLOAD if options.cpu_offload else StoreMode.SHARD
+        self.store = GradStore(self.layouts, self.comm.rank, mode, self.working_dtype, device)
         buckets = plan_buckets(self.layouts, options.reduce_bucket_size)
         self.reducer = GradientReducer(
             self.groups,
@@ -480,9 +471,9 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop every gradient, reduced or local (ZeRO-1: its flat buffer is left as it is and
-        overwritten by the next backward)."""
-        self.store.clear(zero=False)
+        """Drop every gradient, reduced or local (ZeRO-1's flat gradient buffer is freed; a
+        later ``no_sync`` pass allocates it again)."""
+        self.store.clear()
         if self.flat_grads is not None:
             self.reducer.forget_local()
         for master in self.masters.params:

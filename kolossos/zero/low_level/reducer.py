@@ -1,32 +1,42 @@
 """Gradient reduction for ZeRO-1/2: post-accumulate-grad hooks fill buckets, buckets go to their
 owners as soon as they are complete (overlapping the rest of backward), in a fixed order.
 
-Per backward pass (``begin`` ... autograd ... ``finish``):
+A parameter's hook runs once its gradient for the backward pass (``begin`` ... autograd ...
+``finish``) is final (``register_post_accumulate_grad_hook``). A pass takes one of two paths:
 
-1. The hook of a parameter runs once its gradient for this pass is final
-   (``register_post_accumulate_grad_hook``). ZeRO-1 keeps it in the flat gradient buffer (the
-   ``.grad`` becomes a view of it); ZeRO-2 copies it into the buckets it overlaps (cast to the
-   communication dtype) and frees ``.grad`` at once.
-   ZeRO-1's buffer is never zeroed as a whole: after ``zero_grad`` (:meth:`forget_local`) every
-   parameter's range is *unwritten*, its ``.grad`` is ``None``, autograd hands the hook a fresh
-   gradient and the hook copies it into the range (one pass, where zeroing the buffer and
-   accumulating into it took three). Later passes (``no_sync``) accumulate into the view as
-   usual. Ranges still unwritten when their bucket is reduced are zeroed then, and the
-   buffers themselves are freed by ``zero_grad`` (:mod:`~kolossos.zero.low_level.grad_buffers`).
-   With two gloo ranks (point-to-point reduction, :mod:`~kolossos.zero.low_level.comm`) the
-   owner of a ZeRO-2 bucket adds its own gradients straight into its partition and only
-   receives the other rank's part, so each rank holds one buffer per bucket in flight.
-2. A bucket whose pieces have all arrived is *ready*. Ready buckets are launched strictly in
+* **Partitioned** (ZeRO-2 always; ZeRO-1 while its flat gradient buffer holds nothing, i.e.
+  every synchronised pass as long as no ``no_sync`` pass ran since ``zero_grad``): the hook
+  copies the gradient into the buckets it overlaps (cast to the communication dtype) and frees
+  ``.grad`` at once. Owners add the reduced buckets into their gradient partition
+  (:class:`GradStore`). No full gradient exists beyond autograd's own tensors, so ZeRO-1
+  outside gradient accumulation costs what ZeRO-2 costs, in memory and in copies. With two
+  gloo ranks (point-to-point reduction, :mod:`~kolossos.zero.low_level.comm`) the owner of a
+  bucket adds its own gradients straight into its partition and only receives the other
+  rank's part, so each rank holds one buffer per bucket in flight.
+* **Flat** (ZeRO-1 once gradients were accumulated locally since ``zero_grad``: ``no_sync``
+  passes, a pipeline step's micro-batches, and the synchronised passes after them): the hook
+  keeps the gradient in the flat gradient buffer (the ``.grad`` becomes a view of it). The
+  buffer is never zeroed as a whole: after ``zero_grad`` (:meth:`forget_local`) every
+  parameter's range is *unwritten*, its ``.grad`` is ``None``, autograd hands the hook a fresh
+  gradient and the hook copies it into the range (one pass, where zeroing the buffer and
+  accumulating into it took three). Later passes accumulate into the view as usual. Ranges
+  still unwritten when their bucket is reduced are zeroed then, the bucket's range is reduced
+  in place to its owner, and the non-owners zero their copy; the owner's reduced range becomes
+  (or, after a partitioned pass, is added into) its partition. The buffers themselves are
+  freed by ``zero_grad`` (:mod:`~kolossos.zero.low_level.grad_buffers`).
+
+Either way:
+
+1. A bucket whose pieces have all arrived is *ready*. Ready buckets are launched strictly in
    bucket order (:mod:`~kolossos.zero.low_level.bucket`), so all ranks issue the same
-   collectives in the same order even if their gradients arrive in different orders.
-   With ``overlap`` the reduce is asynchronous, at most ``MAX_IN_FLIGHT`` buckets at a time
-   (bounding buffer memory); without it ZeRO-2 waits at once and ZeRO-1 launches everything
-   when backward ends.
-3. ``finish`` launches the buckets still waiting (parameters that got no gradient contribute
-   zeros), waits for all of them and hands each owner's result to the :class:`GradStore`.
-   ZeRO-1 then zeroes the non-owned ranges of its flat buffer (and with offload the owned ones,
-   after moving them out), so the next backward accumulates from a clean slate. The bucket
-   buffers are freed: between backward passes no communication memory is held.
+   collectives in the same order even if their gradients arrive in different orders. Both
+   paths send the same messages (only where a rank keeps the gradients differs), so ranks
+   whose paths differ still match. With ``overlap`` the reduce is asynchronous, at most
+   ``MAX_IN_FLIGHT`` buckets at a time (bounding buffer memory); without it a partitioned pass
+   waits at once and a flat pass launches everything when backward ends.
+2. ``finish`` launches the buckets still waiting (parameters that got no gradient contribute
+   zeros), waits for all of them and hands each owner's result to the :class:`GradStore`. The
+   bucket buffers are freed: between backward passes no communication memory is held.
 
 The loss was divided by the data-parallel size before backward, so a plain sum is the average.
 """
@@ -43,7 +53,7 @@ import torch
 from kolossos.zero.low_level.bucket import BucketSpec, BufferPool, buckets_of_params
 from kolossos.zero.low_level.comm import Communicator, Handle
 from kolossos.zero.low_level.grad_buffers import FlatGradBuffers
-from kolossos.zero.low_level.grad_store import GradStore, StoreMode
+from kolossos.zero.low_level.grad_store import GradStore
 from kolossos.zero.low_level.partition import FlatLayout
 
 __all__ = ["MAX_IN_FLIGHT", "GradientReducer"]
@@ -102,6 +112,8 @@ class GradientReducer:
         self.store = store
         self.flat_grads = flat_grads
         self.partition_grads = flat_grads is None  # ZeRO-2
+        #: this pass keeps only partitions (see the module doc); always for ZeRO-2
+        self._lean = self.partition_grads
         #: ZeRO-1: whether a parameter's range of the flat gradient buffer holds this rank's
         #: current gradient (``False``: stale or freed, to be overwritten or zeroed)
         self._written = [[False] * len(g) for g in self.params]
@@ -146,7 +158,7 @@ class GradientReducer:
         """The gradient of parameter ``i`` of group ``g`` is final for this backward pass."""
         if not self._active:
             raise RuntimeError(_OUTSIDE_BACKWARD)
-        if self.flat_grads is not None:
+        if not self._lean:
             self._adopt(g, i, param)
         if not self._sync:  # ZeRO-1 under no_sync: keep accumulating in the flat buffer
             return
@@ -158,13 +170,13 @@ class GradientReducer:
             )
         self._fired[g][i] = True
         for b, piece in self._of_param[g][i]:
-            if self.partition_grads:
+            if self._lean:
                 assert param.grad is not None
                 self._stage(b, g, i, piece.lo, piece.hi, param.grad)
             self._pending[b] -= 1
-        if self.partition_grads:
-            param.grad = None  # ZeRO-2: the full gradient is not kept
-        if self.overlap or self.partition_grads:
+        if self._lean:
+            param.grad = None  # the full gradient is not kept
+        if self.overlap or self._lean:
             self._launch_ready()
         self._poll()
 
@@ -210,8 +222,9 @@ class GradientReducer:
         self.local_unreduced = False
 
     def _owner_direct(self, bucket: BucketSpec) -> bool:
-        """ZeRO-2, pairwise: the owner keeps its own part in the store, receives the other."""
-        return self.partition_grads and self.comm.pairwise and bucket.owner == self.comm.rank
+        """Partitioned pass, pairwise: the owner keeps its own part in the store, receives
+        the other."""
+        return self._lean and self.comm.pairwise and bucket.owner == self.comm.rank
 
     def _stage(self, b: int, g: int, i: int, lo: int, hi: int, grad: torch.Tensor) -> None:
         bucket = self.buckets[b]
@@ -227,13 +240,21 @@ class GradientReducer:
 
     # ------------------------------------------------------------------ per backward
     def begin(self, sync: bool) -> None:
-        """Start a backward pass; ``sync=False`` (ZeRO-1 ``no_sync``) only accumulates."""
+        """Start a backward pass; ``sync=False`` (ZeRO-1 ``no_sync``) only accumulates.
+
+        ZeRO-1 calls :meth:`attach_grads` first, so that gradients set from outside count as
+        local ones."""
         if self._active:
             raise RuntimeError("optimizer.backward() was called again before the last one ended.")
         self._active = True
         self._sync = sync or self.partition_grads
+        self._lean = self.partition_grads or (self._sync and not self._holds_local())
         if self._sync:
             self._reset(fired=False)
+
+    def _holds_local(self) -> bool:
+        """ZeRO-1: whether some range of the flat gradient buffer holds a gradient."""
+        return any(any(written) for written in self._written)
 
     def _reset(self, fired: bool) -> None:
         self._pending = [len(b.pieces) for b in self.buckets]
@@ -256,12 +277,12 @@ class GradientReducer:
 
     def reduce_remaining(self) -> None:
         """Launch every bucket not launched yet (in order), then wait for all of them."""
-        if self.flat_grads is not None:
+        if not self._lean:
             self.attach_grads()  # gradients set from outside autograd (pipelines' shared ones)
         while self._next < len(self.buckets):
             self._launch(self._next)
             self._next += 1
-        if self.flat_grads is not None:  # what no gradient reached was zeroed at its launch
+        if self.flat_grads is not None and not self._lean:  # unreached ranges: zeroed at launch
             for g, (group, written) in enumerate(zip(self.params, self._written, strict=True)):
                 written[:] = [True] * len(written)
                 for param, view in zip(group, self.flat_grads.views(g), strict=True):
@@ -273,6 +294,7 @@ class GradientReducer:
     def reduce_all(self) -> None:
         """Reduce ZeRO-1's locally accumulated gradients now (a step after ``no_sync`` passes
         without a final synchronising backward)."""
+        self._lean = False
         self._reset(fired=True)
         self.reduce_remaining()
 
@@ -299,7 +321,7 @@ class GradientReducer:
             self._inflight.append(_Flight(bucket, handle, received, [received]))
             return
         pooled: list[torch.Tensor] = []
-        if self.partition_grads:
+        if self._lean:
             send = self._staged.pop(b, None)
             if send is None:
                 send = self._acquire(bucket.numel).zero_()
@@ -328,6 +350,12 @@ class GradientReducer:
             if not written[piece.param]:
                 flat[piece.lo : piece.hi].zero_()
 
+    def _owned(self, group: int) -> torch.Tensor:
+        """ZeRO-1: this rank's partition of group ``group``'s flat gradient buffer."""
+        assert self.flat_grads is not None
+        start, stop = self.layouts[group].partition_range(self.comm.rank)
+        return self.flat_grads[group][start:stop]
+
     def _region(self, bucket: BucketSpec) -> torch.Tensor:
         assert self.flat_grads is not None
         return self.flat_grads[bucket.group][bucket.start : bucket.stop]
@@ -343,7 +371,7 @@ class GradientReducer:
     def _complete(self, flight: _Flight) -> None:
         flight.handle.wait()
         bucket, result = flight.bucket, flight.result
-        if self.partition_grads:
+        if self._lean:
             if result is not None:
                 self.store.accumulate(bucket.group, bucket.start, result)
         else:
@@ -351,11 +379,9 @@ class GradientReducer:
             if result is not None:  # the owner
                 if result.dtype != region.dtype:
                     region.copy_(result)
-                if self.store.mode is StoreMode.IN_PLACE:
-                    self.store.mark_reduced(bucket.group)
-                else:  # offload: move the result out, keep the flat buffer clean
+                if not self.store.keep_in_place(bucket.group, self._owned(bucket.group)):
                     self.store.accumulate(bucket.group, bucket.start, region)
-                    region.zero_()
+                    region.zero_()  # moved out: the flat buffer stays clean
             else:
                 region.zero_()  # the other ranks' share now lives with its owner
         for buffer in flight.pooled:
