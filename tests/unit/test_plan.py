@@ -183,9 +183,13 @@ def test_rank_models_split_the_model() -> None:
 
 def test_zero_buffer_replay() -> None:
     # two ranks, one bucket per partition: each rank keeps its own part in its partition and
-    # receives the other's part (or stages its own for the other) in one reused buffer
+    # receives the other's part (or stages its own for the other); gloo's point-to-point
+    # transfers are seen complete only when waited for, so the rank that sent the first bucket
+    # still holds its buffer when it acquires the receive buffer of the second
     buf = zero_buffers([100, 100], [1, 0], 2, 1000, stage=2, pairwise=True, inside_after=1)
-    assert buf.partition_inside and buf.inside == buf.after == 100
+    assert buf.partition_inside and buf.inside == 100 and buf.after == 200
+    # collectives are seen complete by the next gradient's arrival: one reused buffer
+    assert zero_buffers([100, 100], [1, 0], 2, 1000, stage=2, pairwise=False).after == 100
     # a gradient spanning every bucket (GPT-2's tied embedding, first in the flat buffer and
     # last to arrive) holds every launch back: the buffers pile up at the end
     late = zero_buffers([400, 10, 10], [2, 1, 0], 2, 50, stage=2, pairwise=True, inside_after=2)

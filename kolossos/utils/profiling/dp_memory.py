@@ -102,7 +102,7 @@ def zero_phases(
     new_grad = w * rank.largest
     in_block = act.layer_transient + w * rank.layer_largest + held
     fp32_grads = 4.0 * part if (w != 4 and not offload) else 0.0
-    stepping = step_temporaries([part], work.device if not offload else "cpu")
+    stepping = step_temporaries([part], work.device if not offload else "cpu", engine_shards=True)
     g_in, h_in = grads_at(buffers.partition_inside)
     g_end, h_end = grads_at(buffers.partition_end)
     g_all, h_all = grads_at(stage == 2)

@@ -117,14 +117,16 @@ class MemoryEstimate:
         }
 
 
-def step_temporaries(sizes: Sequence[float], device: str) -> float:
+def step_temporaries(sizes: Sequence[float], device: str, engine_shards: bool = False) -> float:
     """Bytes of AdamW's temporaries while stepping fp32 tensors of ``sizes`` elements.
 
     On CUDA ``torch.optim.AdamW`` takes the ``foreach`` path: one fp32 copy of every stepped
     tensor at once (the square root of the second moments). On the CPU it steps tensor by
-    tensor, with two temporaries of the tensor's size at a time.
+    tensor, with two temporaries of the tensor's size at a time, except the ZeRO engines'
+    shards (``engine_shards``), which it steps with its fused kernel
+    (:mod:`kolossos.nn.optimizer.fused_step`): no temporaries.
     """
-    if not sizes:
+    if not sizes or (engine_shards and device == "cpu"):
         return 0.0
     if device == "cuda":
         return 4.0 * sum(sizes)

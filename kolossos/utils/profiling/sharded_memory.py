@@ -141,7 +141,7 @@ def gemini_phases(layout: Layout, work: Workload, rank: RankModel) -> list[Phase
                     else (max(payload_first, made) + others, 0.0))  # fmt: skip
     on_host = host_optim or work.device == "cpu"
     stepping = step_temporaries([biggest[0] / n] if on_host else [c / n for c in chunks],
-                                "cpu" if on_host else "cuda")  # fmt: skip
+                                "cpu" if on_host else "cuda", engine_shards=True)  # fmt: skip
     end_keep = {**keep, "params": end_params}
     return [
         Phase("loss", {**keep, "params": at_loss, "activations": at.forward,

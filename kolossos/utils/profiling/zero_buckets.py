@@ -11,13 +11,16 @@ first; a tied embedding's gradient arrives last) and on where the buckets' bound
 :func:`zero_buffers` replays that, rank by rank, and reports the buffers alive at three moments.
 
 Assumptions: a launched bucket's communication is complete at the next gradient's arrival (the
-ranks reach the same bucket together); communication in the working dtype.
+ranks reach the same bucket together), and the reducer sees it then, except for gloo's
+point-to-point transfers (``pairwise``), which report completion only once waited for: their
+buffers are given back when the reducer waits, i.e. when a third bucket needs a buffer or
+backward ends; communication in the working dtype.
 
 Example:
     >>> buf = zero_buffers([100, 50, 50], [2, 1, 0], world_size=2, bucket_numel=60, stage=2,
     ...                    pairwise=True, inside_after=2)
-    >>> buf.after, buf.partition_end  # two 60-element buffers; the partition exists
-    (120, True)
+    >>> buf.after, buf.partition_end  # three 60-element buffers (gloo's sends not waited for)
+    (180, True)
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ class ZeroBuffers:
     with the most, at three moments of backward."""
 
     inside: int
-    """bucket buffers once the last block's gradients have arrived"""
+    """bucket buffers inside backward: the most (counting the partition) at any gradient's
+    arrival from the last block's last one up to the embedding's"""
     end: int
     """bucket buffers when the last gradient (the embedding's) arrives"""
     after: int
@@ -179,9 +183,12 @@ def zero_buffers(
                 sim.launch(sim.next)
                 sim.next += 1
             marks.append(sim.now())
-            sim.poll()
+            if not pairwise:  # gloo's isend/irecv works are not completed until waited for
+                sim.poll()
         if marks:
-            inside = max(inside, marks[min(len(marks), max(inside_after, 1)) - 1], key=weigh)
+            first = min(len(marks), max(inside_after, 1)) - 1
+            for mark in marks[first : max(first + 1, len(marks) - 1)]:
+                inside = max(inside, mark, key=weigh)
         while sim.next < len(buckets):
             sim.launch(sim.next)
             sim.next += 1

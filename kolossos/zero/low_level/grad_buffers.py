@@ -5,8 +5,8 @@ freed by ``zero_grad``.
 Between ``zero_grad`` and the next backward nothing in them is needed (the next pass overwrites
 every range it reaches and zeroes the others), so they are not kept alive through the forward
 pass, where activations peak, while between ``no_sync`` passes (no ``zero_grad``) the
-accumulated gradients stay where they are. A fresh buffer is uninitialised except for the partitions' padding, which
-no parameter covers and the owner's optimizer steps, so it is zeroed.
+accumulated gradients stay where they are. A fresh buffer is uninitialised except for the
+partitions' padding, which no parameter covers and the owner's optimizer steps, so it is zeroed.
 """
 
 from __future__ import annotations
