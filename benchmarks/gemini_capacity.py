@@ -20,11 +20,12 @@ with ``HybridAdam`` in bf16 a chunk's optimizer data on the host takes 14 bytes 
 (fp32 master 4, two Adam states 8, the bf16 gradient shard 2). It moves to the device only out
 of the memory left when every chunk's bf16 working shard (2 bytes per parameter) is counted
 resident there, within ``steady_cuda_cap_ratio`` (``s``, ``--steady-cap``) of the device, and
-reserves 16 bytes per parameter there (room for a gradient widened to fp32 by accumulation). So
-``16 X + 2 P <= s D`` (``X`` parameters stepped on the device) and ``14 (P - X) <= H``, hence
-``P <= (s D / 16 + H / 14) / (1 + 2 / 16)`` before activations and the gathered chunks of a
-moment: with ``D`` = 139 GiB and ``H`` = 115 GiB, 0.90 of the limit at ``s`` = 0.9 and 0.92 at
-0.95. Attempts run with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (unless set), so
+reserves the same 14 bytes per parameter there (these attempts do not accumulate gradients, so
+no shard is widened to fp32). So ``14 X + 2 P <= s D`` (``X`` parameters stepped on the device)
+and ``14 (P - X) <= H``, hence ``P <= (s D + H) / 16`` before activations and the gathered
+chunks of a moment: with ``D`` = 139 GiB and ``H`` = 115 GiB, 0.95 of the limit at ``s`` = 0.9
+and 0.97 at 0.95 (0.90 and 0.92 while a grant reserved 16 bytes per parameter, before
+2026-11-29). Attempts run with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (unless set), so
 that the allocator's fragmentation does not eat the margin.
 
 Both modes use bf16 and activation checkpointing. DDP: ``Booster(mixed_precision="bf16",
@@ -107,8 +108,7 @@ def placement_bound(limit: dict[str, float], steady_cap: float) -> float:
     """The most parameters the ``auto`` placement can give Gemini on this machine (module doc),
     as a fraction of the Gemini limit."""
     device, host = limit["device_gib"], limit["host_available_gib"]
-    params = (steady_cap * device / 16 + host / 14) / (1 + 2 / 16)
-    return params / ((device + host) / BYTES_PER_PARAM)
+    return (steady_cap * device + host) / (device + host)
 
 
 def _attempt(args: argparse.Namespace) -> dict[str, Any]:

@@ -51,8 +51,9 @@ def optim_data_bytes(optim: Optimizer, chunk: Chunk, views: Sequence[nn.Paramete
     """Bytes of ``chunk``'s fp32 master and gradient shard plus its views' optimizer states
     (predicted before the first step, see :func:`_state_bytes`; ``None`` when unpredictable)."""
     groups = {id(p): g for g in optim.param_groups for p in g["params"]}
-    total = 8 * chunk.shard_size  # fp32 master + gradient shard (a bf16 one widens to fp32
-    # when a second backward accumulates before the step)
+    # fp32 master + the gradient shard as one backward leaves it (``grad_dtype``): the auto
+    # policy reserves a bf16 shard's widening only while gradients accumulate
+    total = (4 + chunk.grad_dtype.itemsize) * chunk.shard_size
     for view in views:
         nbytes = _state_bytes(optim, view, groups[id(view)])
         if nbytes is None:

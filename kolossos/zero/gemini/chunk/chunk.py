@@ -132,6 +132,22 @@ class Chunk:
         return self.shard_size * self.element_size
 
     @property
+    def grad_widening_bytes(self) -> int:
+        """Bytes a gradient shard widened to fp32 by accumulation takes beyond ``grad_dtype``."""
+        return self.shard_size * (torch.float32.itemsize - self.grad_dtype.itemsize)
+
+    @property
+    def holds_grad_shard(self) -> bool:
+        """A backward since the last step or ``zero_grad`` left a gradient shard (another
+        backward now accumulates onto it)."""
+        return self.grad_shard is not None
+
+    @property
+    def grad_widened(self) -> bool:
+        """Whether the gradient shard is wider than ``grad_dtype`` (accumulation widened it)."""
+        return self.grad_shard is not None and self.grad_shard.dtype != self.grad_dtype
+
+    @property
     def is_gathered(self) -> bool:
         """Whether the full payload is present (or being gathered by a prefetch)."""
         return self.payload is not None

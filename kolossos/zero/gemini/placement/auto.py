@@ -14,7 +14,11 @@ warm-up iteration, so the rule looks ahead exactly). The memory left for model d
 The ``const`` alias is this policy without memory sampling: the warm-up cap stays for the whole
 run (the access order is still recorded, so evictions still look ahead). Optimizer states live on
 the host unless :meth:`AutoPlacementPolicy.place_optim_states` grants them device memory out of the
-spare memory measured in warm-up (``gpu_margin_mem_ratio``); granted bytes are reserved.
+spare memory measured in warm-up (``gpu_margin_mem_ratio``); granted bytes are reserved: the fp32
+master, the states and the gradient shard as one backward leaves it (bf16 with HybridAdam in
+bf16), plus what the granted shards gain when accumulation widens them to fp32, from the first
+moment of an iteration that accumulates onto existing gradients to the first moment of one that
+does not. Once any step has accumulated, later grants must fit with that widening counted.
 """
 
 from __future__ import annotations
@@ -77,8 +81,11 @@ class AutoPlacementPolicy(PlacementPolicy):
         self._collector = MemStatsCollector(sampler) if memstats is None else None
         self._clock = 0  # moments since the start, for least-recently-used order in warm-up
         self._last_use: dict[int, int] = {}
-        self._granted: set[int] = set()
+        self._granted: dict[int, ChunkLike] = {}
         self._optim_reserved = 0
+        self._widening = 0  # what the granted shards gain when accumulation widens them
+        self._accumulating = False  # this iteration accumulates onto held gradients
+        self._accumulated = False  # some iteration has
         self._optim_quota: int | None = None
 
     # ------------------------------------------------------------------ queries
@@ -103,7 +110,7 @@ class AutoPlacementPolicy(PlacementPolicy):
         else:
             steady = self.budget.share(cfg.steady_cuda_cap_ratio)
             cap = steady - self.memstats.period_non_model(step)
-        return cap - self._optim_reserved
+        return cap - self.optim_reserved_bytes
 
     # ------------------------------------------------------------------ interface
     def setup(self, chunk_manager: ChunkManagerLike) -> None:
@@ -114,6 +121,9 @@ class AutoPlacementPolicy(PlacementPolicy):
     def before_compute(self, chunks: Sequence[Any], step: int) -> None:
         """Sample (warm-up), evict what must go, and bring ``chunks`` to the device."""
         ids = self._ids(chunks)
+        if step == 0:  # a forward begins: gradients still held now are accumulated onto
+            self._accumulating = any(c.holds_grad_shard for c in self._granted.values())
+            self._accumulated |= self._accumulating
         collector = self._collector
         if collector is not None:
             if step == 0 and collector.collecting:
@@ -178,7 +188,7 @@ class AutoPlacementPolicy(PlacementPolicy):
             self._move(by_id[chunk_id], to_device=False)
         for chunk_id in plan.load:
             self._move(by_id[chunk_id], to_device=True)
-        self._note_peak(plan.device_bytes_after + self._optim_reserved)
+        self._note_peak(plan.device_bytes_after + self.optim_reserved_bytes)
         return plan.device_bytes_after
 
     # ------------------------------------------------------------------ optimizer states
@@ -188,8 +198,9 @@ class AutoPlacementPolicy(PlacementPolicy):
 
     @property
     def optim_reserved_bytes(self) -> int:
-        """Device bytes granted to optimizer states by :meth:`place_optim_states`."""
-        return self._optim_reserved
+        """Device bytes granted to optimizer data by :meth:`place_optim_states`, with the
+        gradient shards' widening while gradients accumulate (module doc)."""
+        return self._optim_reserved + (self._widening if self._accumulating else 0)
 
     def steady_demand_bytes(self) -> int | None:
         """Device bytes training needs with every chunk resident: all shards, the largest
@@ -231,9 +242,13 @@ class AutoPlacementPolicy(PlacementPolicy):
         for chunk, nbytes in state_bytes:
             if chunk.chunk_id in self._granted:
                 continue
-            if self._optim_reserved + nbytes > self._optim_quota:
+            if chunk.grad_widened:  # the step about to run accumulated several backward passes
+                self._accumulating = self._accumulated = True
+            widening = self._widening + chunk.grad_widening_bytes if self._accumulated else 0
+            if self._optim_reserved + nbytes + widening > self._optim_quota:
                 break
-            self._granted.add(chunk.chunk_id)
+            self._granted[chunk.chunk_id] = chunk
             self._optim_reserved += nbytes
+            self._widening += chunk.grad_widening_bytes
             granted.append(chunk)
         return granted

@@ -135,8 +135,8 @@ def plan_layout(
                 f"the chunks needed now take {need_bytes} bytes and resident data that cannot move "
                 f"{pinned} bytes, but only {capacity} bytes of device memory are available for "
                 "model data. Raise device_memory_budget (or the accelerator memory), lower "
-                "warmup_non_model_data_ratio, or use smaller chunks (search_range_m / "
-                "min_chunk_size_m)."
+                "warmup_non_model_data_ratio or gpu_margin_mem_ratio, or use smaller chunks "
+                "(search_range_m / min_chunk_size_m)."
             )
         victims = _choose_victims(_victim_order(candidates, priority), to_free)
     load = tuple(c.chunk_id for c in needed if not c.on_device)
