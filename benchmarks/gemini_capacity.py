@@ -38,12 +38,22 @@ the device before the first step (its Adam states are created there), the rest i
 the CPU. ``--device cpu`` runs the same code with gloo on the CPU (a smoke test: device and
 host are then one memory).
 
+NVMe (mode ``gemini-nvme``): the same Gemini run with ``HybridAdam(nvme_offload_fraction=f,
+nvme_offload_dir=--nvme-dir)``. The streamed states (8 bytes per parameter) leave the host for
+files: ``f`` is as much as 0.9 of the free disk under ``--nvme-dir`` holds, at most 1
+(:func:`nvme_fraction`). Streamed chunks keep an fp32 gradient shard on the host (4 + 4 bytes per
+parameter there), and their optimizer data is never granted device memory. The limit printed
+beside it counts the disk as a third memory: ``(device + available host + free disk) / 16``.
+``--auto`` tries this mode at ``--nvme-fractions`` of the Gemini limit *without* the disk
+(default 1.05 and 1.0), sizes the plain Gemini attempts cannot reach.
+
 Usage (one GPU)::
 
     python -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32 --modes gemini \
         --gemini-fractions 0.9 0.8
     python -m benchmarks.gemini_capacity --hidden 4096 --heads 32 --ddp-layers 16 20 \
         --gemini-layers 24 32
+    python -m benchmarks.gemini_capacity --auto --modes gemini-nvme --nvme-dir /tmp/kolossos-nvme
 """
 
 from __future__ import annotations
@@ -53,12 +63,14 @@ import json
 import math
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
 from typing import Any
 
 VOCAB = 50257
+MODES = ("ddp", "gemini", "gemini-nvme")
 BYTES_PER_PARAM = 16
 """fp32 weights + gradients + two Adam states (DDP), or bf16 weights + gradients + fp32 masters +
 two Adam states (Gemini)"""
@@ -85,9 +97,9 @@ def host_available_bytes() -> int:
     raise RuntimeError("/proc/meminfo has no MemAvailable line")
 
 
-def memory_limit(device: str) -> dict[str, float]:
-    """Device and available host bytes, and the largest parameter counts they allow
-    (module doc)."""
+def memory_limit(device: str, nvme_dir: str | None = None) -> dict[str, float]:
+    """Device, available host and (with ``nvme_dir``) free disk bytes, and the largest
+    parameter counts they allow (module doc)."""
     import torch
 
     host = host_available_bytes()
@@ -95,13 +107,47 @@ def memory_limit(device: str) -> dict[str, float]:
         device_bytes = torch.cuda.mem_get_info()[1]
     else:  # one memory: the "device" share is the host itself
         device_bytes, host = host, 0
-    return {
+    limit = {
         "device_gib": device_bytes / 2**30,
         "host_available_gib": host / 2**30,
         "bytes_per_param": BYTES_PER_PARAM,
         "ddp_limit_params": device_bytes / BYTES_PER_PARAM,
         "gemini_limit_params": (device_bytes + host) / BYTES_PER_PARAM,
     }
+    if nvme_dir is not None:
+        disk = disk_free_bytes(nvme_dir)
+        limit["disk_free_gib"] = disk / 2**30
+        limit["gemini-nvme_limit_params"] = (device_bytes + host + disk) / BYTES_PER_PARAM
+    return limit
+
+
+def disk_free_bytes(path: str) -> int:
+    """Free bytes of the file system that holds ``path`` (created if missing)."""
+    os.makedirs(path, exist_ok=True)
+    return shutil.disk_usage(path).free
+
+
+def mount_type(path: str) -> str:
+    """The type of the file system that holds ``path`` (``/proc/mounts``; ``""`` if unknown)."""
+    path = os.path.realpath(path)
+    best, fs_type = "", ""
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                point = fields[1]
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, fs_type = point, fields[2]
+    except OSError:
+        return ""
+    return fs_type
+
+
+def nvme_fraction(params: int, disk_free: int) -> float:
+    """The share of the optimizer states streamed to disk: as much as 0.9 of the free disk holds
+    at 8 bytes (two fp32 Adam states) per parameter, at most all of them."""
+    return min(1.0, 0.9 * disk_free / (8 * params))
 
 
 def placement_bound(limit: dict[str, float], steady_cap: float) -> float:
@@ -131,7 +177,7 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
         vocab_size=VOCAB, n_positions=args.seq, n_embd=args.hidden, n_layer=args.layers,
         n_head=args.heads, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
-    gemini = args.mode == "gemini"
+    gemini = args.mode in ("gemini", "gemini-nvme")
     if gemini:
         with LazyInitContext():
             model = GPT2LMHeadModel(config)
@@ -154,7 +200,12 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
         booster = Booster(mixed_precision="bf16", plugin=TorchDDPPlugin())
     boosted: Any
     optimizer: Any
-    boosted, optimizer, *_ = booster.boost(model, HybridAdam(model.parameters(), lr=1e-4))
+    nvme = {}
+    if args.mode == "gemini-nvme":
+        fraction = nvme_fraction(params, disk_free_bytes(args.nvme_dir))
+        nvme = {"nvme_offload_fraction": fraction, "nvme_offload_dir": args.nvme_dir}
+    optim = HybridAdam(model.parameters(), lr=1e-4, **nvme)
+    boosted, optimizer, *_ = booster.boost(model, optim)
     times = []
     for _ in range(2):
         start = time.perf_counter()
@@ -175,6 +226,7 @@ def _attempt(args: argparse.Namespace) -> dict[str, Any]:
         "peak_device_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "peak_host_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "step_s": times[-1],
+        "nvme_offload_fraction": nvme.get("nvme_offload_fraction"),
         "loss": float(loss),
     }
 
@@ -184,6 +236,8 @@ def _run_one(args: argparse.Namespace, mode: str, layers: int) -> dict[str, Any]
            "--layers", str(layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
            "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device,
            "--steady-cap", str(args.steady_cap)]  # fmt: skip
+    if args.nvme_dir is not None:
+        cmd += ["--nvme-dir", args.nvme_dir]
     start = time.perf_counter()
     try:
         env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **os.environ}
@@ -207,20 +261,34 @@ def main(argv: list[str] | None = None) -> int:
     """Command line (module doc)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attempt", action="store_true", help="internal: one attempt")
-    parser.add_argument("--mode", choices=("ddp", "gemini"))
+    parser.add_argument("--mode", choices=MODES)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--ddp-layers", type=int, nargs="*", default=[])
     parser.add_argument("--gemini-layers", type=int, nargs="*", default=[])
+    parser.add_argument("--gemini-nvme-layers", type=int, nargs="*", default=[])
     parser.add_argument("--auto", action="store_true", help="layer counts from the limit")
-    parser.add_argument("--gemini-fractions", type=float, nargs="+", default=[0.8, 0.9],
-                        help="--auto: Gemini's model sizes as fractions of its limit")  # fmt: skip
+    parser.add_argument(
+        "--gemini-fractions",
+        type=float,
+        nargs="+",
+        default=[0.8, 0.9],
+        help="--auto: Gemini's model sizes as fractions of its limit",
+    )
+    parser.add_argument(
+        "--nvme-fractions",
+        type=float,
+        nargs="+",
+        default=[1.0, 1.05],
+        help="--auto: gemini-nvme's sizes as fractions of Gemini's limit",
+    )
+    parser.add_argument("--nvme-dir", help="gemini-nvme: directory of the optimizer state files")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--timeout", type=float, default=400.0)
-    parser.add_argument("--modes", nargs="+", choices=("ddp", "gemini"), default=["ddp", "gemini"])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["ddp", "gemini"])
     parser.add_argument("--steady-cap", type=float, default=0.95,
                         help="Gemini's steady_cuda_cap_ratio")  # fmt: skip
     args = parser.parse_args(argv)
@@ -229,10 +297,19 @@ def main(argv: list[str] | None = None) -> int:
             f"--steady-cap {args.steady_cap} must lie in (0, 1] and --gemini-fractions "
             f"{args.gemini_fractions} must be positive, e.g. --steady-cap 0.95"
         )
+    if "gemini-nvme" in (*args.modes, args.mode):
+        if args.nvme_dir is None:
+            parser.error("--modes gemini-nvme needs --nvme-dir, a directory on the disk to use")
+        fs_type = mount_type(args.nvme_dir)
+        if fs_type in ("tmpfs", "ramfs"):
+            parser.error(
+                f"--nvme-dir {args.nvme_dir} is on {fs_type}, which is memory, not a disk; pick "
+                "a directory on a disk file system"
+            )
     if args.attempt:
         print(json.dumps(_attempt(args)), flush=True)
         return 0
-    limit = memory_limit(args.device)
+    limit = memory_limit(args.device, args.nvme_dir if "gemini-nvme" in args.modes else None)
     bound = round(placement_bound(limit, args.steady_cap), 3)
     print(json.dumps({"limit": limit, "placement_bound": bound}), flush=True)
     if args.auto:
@@ -241,8 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         args.gemini_layers = [
             layers_for(f * gem, args.hidden, args.seq) for f in args.gemini_fractions
         ]
+        args.gemini_nvme_layers = [
+            layers_for(f * gem, args.hidden, args.seq) for f in args.nvme_fractions
+        ]
     best: dict[str, int] = {}
-    for mode, layer_list in (("ddp", args.ddp_layers), ("gemini", args.gemini_layers)):
+    tries = zip(MODES, (args.ddp_layers, args.gemini_layers, args.gemini_nvme_layers), strict=True)
+    for mode, layer_list in tries:
         if mode not in args.modes:
             continue
         for layers in sorted(layer_list, reverse=True):  # the largest first; stop once one trains
@@ -256,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"{mode}_of_limit"] = round(params / limit[f"{mode}_limit_params"], 3)
     if "ddp" in best and "gemini" in best:
         summary["gemini_over_ddp"] = round(best["gemini"] / best["ddp"], 2)
+    if "gemini-nvme" in best:  # how far the disk extends Gemini's limit without it
+        summary["gemini-nvme_of_gemini_limit"] = round(
+            best["gemini-nvme"] / limit["gemini_limit_params"], 3
+        )
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -4,9 +4,11 @@
 # kolossos' fastest one-device plugins next to torch DDP and FSDP2). Writes its logs under $OUT
 # (runs/gpu). BENCH_BATCH (default 16) and BENCH_REPS (default 2) size the benchmark.
 # `capacity` (never by default: minutes per attempt) runs the single-GPU capacity benchmark at
-# the machine's memory limit (benchmarks/gemini_capacity.py --auto).
-# Usage: bash scripts/gpu_check.sh [gpu|bench|train|fork|unit|capacity]...   (all but capacity
-# by default)
+# the machine's memory limit (benchmarks/gemini_capacity.py --auto); `capacity-nvme` (never by
+# default either) the same with a share of the Adam states in files under runs/nvme, at 1.0 of
+# Gemini's limit without the disk.
+# Usage: bash scripts/gpu_check.sh [gpu|bench|train|fork|unit|capacity|capacity-nvme]...
+# (all but the capacity steps by default)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu}
@@ -45,6 +47,10 @@ for step in "${steps[@]}"; do
             timeout 290 $PY -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32 \
                 --modes $mode --timeout 280 2>&1 | tee "$OUT/capacity-$mode.log" | tail -6
         done ;;
+    capacity-nvme)  # the disk as a third memory: sizes plain Gemini cannot reach
+        timeout 580 $PY -m benchmarks.gemini_capacity --auto --hidden 4096 --heads 32 \
+            --modes gemini-nvme --nvme-fractions 1.0 --nvme-dir "$PWD/runs/nvme" --timeout 570 2>&1 \
+            | tee "$OUT/capacity-nvme.log" | tail -6 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done

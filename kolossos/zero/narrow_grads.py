@@ -22,20 +22,35 @@ from torch.optim import Optimizer
 
 from kolossos.nn.optimizer._adam_base import AdamBase
 
-__all__ = ["DeferredClip", "allow_narrow_grads", "narrow_grads_supported"]
+__all__ = ["DeferredClip", "allow_narrow_grads", "narrow_grads_supported", "takes_narrow_grads"]
 
 
 def narrow_grads_supported(
     optim: Optimizer, masters: Sequence[torch.Tensor], working_dtype: torch.dtype
 ) -> bool:
-    """Whether ``optim`` can step the fp32 ``masters`` with bf16 gradients: bf16 working
-    weights, one of kolossos' Adams with no NVMe-streamed master, and torch 2.10 or later
-    (a ``.grad`` of another dtype than its tensor's)."""
+    """Whether ``optim`` can step every one of the fp32 ``masters`` with bf16 gradients
+    (:func:`takes_narrow_grads` for each)."""
+    return _narrow_update(optim, working_dtype) and all(
+        takes_narrow_grads(optim, m, working_dtype) for m in masters
+    )
+
+
+def takes_narrow_grads(optim: Optimizer, master: torch.Tensor, working_dtype: torch.dtype) -> bool:
+    """Whether ``optim`` can step the fp32 ``master`` with a bf16 gradient: bf16 working
+    weights, one of kolossos' Adams not streaming this master's states from NVMe, and torch
+    2.10 or later (a ``.grad`` of another dtype than its tensor's)."""
+    return (
+        _narrow_update(optim, working_dtype)
+        and master.dtype == torch.float32
+        and not optim.is_streamed(master)  # type: ignore[attr-defined]  # an AdamBase here
+    )
+
+
+def _narrow_update(optim: Optimizer, working_dtype: torch.dtype) -> bool:
     return (
         working_dtype == torch.bfloat16
         and isinstance(optim, AdamBase)
         and hasattr(torch.Tensor, "grad_dtype")
-        and all(m.dtype == torch.float32 and not optim.is_streamed(m) for m in masters)
     )
 
 

@@ -24,15 +24,22 @@ MAX_NORM = 0.05
 ACCUMULATE = 2  # the step that runs two backward passes
 
 
-def _train(narrow: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[set]]:
+def _train(
+    narrow: bool, nvme: float = 0.0
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[set]]:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, 4))
     gemini = GeminiDDP(model, chunk_config_dict={"chunk_size": 2048},
                        mixed_precision=torch.bfloat16)  # fmt: skip
-    opt = GeminiOptimizer(HybridAdam(gemini.parameters(), lr=1e-2), gemini)
+    adam = HybridAdam(gemini.parameters(), lr=1e-2, nvme_offload_fraction=nvme)
+    opt = GeminiOptimizer(adam, gemini)
     chunks = list(gemini.chunk_manager)
-    assert all(c.grad_dtype == torch.bfloat16 for c in chunks)
+    # a chunk with a view whose states stream from NVMe keeps fp32 shards, the others bf16
+    streamed = {c.chunk_id for c, *_, view in opt.slices if adam.is_streamed(view)}
+    assert bool(streamed) == (nvme > 0) and len(streamed) < len(chunks)
+    for c in chunks:
+        assert c.grad_dtype == (torch.float32 if c.chunk_id in streamed else torch.bfloat16)
     if not narrow:
         for chunk in chunks:
             chunk.grad_dtype = torch.float32
@@ -50,6 +57,7 @@ def _train(narrow: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tenso
             opt.clip_grad_by_value(1e-3)
         opt.step()
         opt.zero_grad()
+    adam.close()
     return before, {str(c.chunk_id): c.master for c in chunks}, dtypes
 
 
@@ -63,3 +71,16 @@ def test_bf16_gradient_shards_train_bit_identically() -> None:
     for name, value in wide.items():
         torch.testing.assert_close(narrow[name], value, rtol=0, atol=0, msg=name.__add__)
     assert_moved(before, narrow, atol=1e-3)
+
+
+@distributed(2)
+def test_nvme_streamed_chunks_keep_fp32_shards_and_train_bit_identically() -> None:
+    """Half of HybridAdam's states on NVMe: the chunks with streamed views keep fp32 gradient
+    shards (asserted in ``_train``), the others stay bf16, and training is bit-identical to
+    all-bf16 shards in memory."""
+    before, in_memory, _ = _train(narrow=True)
+    _, streamed, dtypes = _train(narrow=True, nvme=0.5)
+    assert all(seen == {torch.float32, torch.bfloat16} for seen in dtypes[:ACCUMULATE]), dtypes
+    for name, value in in_memory.items():
+        torch.testing.assert_close(streamed[name], value, rtol=0, atol=0, msg=name.__add__)
+    assert_moved(before, streamed, atol=1e-3)

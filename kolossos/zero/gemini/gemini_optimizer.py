@@ -5,10 +5,11 @@ hyper-parameters), from the model's parameters to this rank's slices of them: vi
 chunks' fp32 ``master`` shards, with views into the gradient shards as gradients. A
 ``HybridAdam`` then steps host-resident shards on the CPU and device-resident ones on the device.
 
-The gradient shards are fp32, except in bf16 training with one of kolossos' Adams (no
-NVMe-streamed states; torch 2.10 or later): those widen each gradient inside the update
-(:mod:`kolossos.zero.narrow_grads`), so the shards stay bf16, the dtype the reduction produced,
-and the model states peak at (2 + 12)·Ψ/N bytes instead of (4 + 12)·Ψ/N, training unchanged.
+The gradient shards are fp32, except in bf16 training with one of kolossos' Adams (torch 2.10
+or later): those widen each gradient inside the update (:mod:`kolossos.zero.narrow_grads`), so
+the shards stay bf16, the dtype the reduction produced, and the model states peak at
+(2 + 12)·Ψ/N bytes instead of (4 + 12)·Ψ/N, training unchanged. A chunk with NVMe-streamed
+states keeps an fp32 shard (the streamed update reads fp32 gradients); the others stay bf16.
 
 fp16 gets a dynamic loss scale (overflow agreed on by all ranks, the step skipped); clipping is by
 the global norm over every rank's gradient shards.
@@ -44,7 +45,7 @@ from kolossos.zero.gemini.optim_placement import host_optim_chunks, move_optim_d
 from kolossos.zero.gemini.optim_state import ShardedStateIO
 from kolossos.zero.low_level.clip import check_finite_norm, clip_coefficient, global_norm
 from kolossos.zero.low_level.options import check_norm_type
-from kolossos.zero.narrow_grads import DeferredClip
+from kolossos.zero.narrow_grads import DeferredClip, allow_narrow_grads, takes_narrow_grads
 
 __all__ = ["GeminiAdamOptimizer", "GeminiOptimizer"]
 
@@ -119,12 +120,22 @@ class GeminiOptimizer(ShardedStateIO, OptimizerWrapper):
         ]
         self.slices: list[Slice] = self._repoint()
         _rebuild_nvme_offloader(self.optim)
-        views = [view for *_, view in self.slices]
-        self._clip = DeferredClip.for_update(self.optim, views, module.dtype)
-        for chunk in self.manager if self._clip.enabled else ():  # bf16 shards (module doc)
-            chunk.grad_dtype = module.dtype
+        self._clip = DeferredClip(self._narrow_grad_shards(module.dtype))
         self._prepared: bool | None = None  # found_inf of the prepared gradients
         self._skipped = False
+
+    def _narrow_grad_shards(self, dtype: torch.dtype) -> bool:
+        """Keep in bf16 the gradient shards of the chunks whose views the optimizer can all
+        step with bf16 gradients (module doc); return whether any view can."""
+        takes = {id(v): takes_narrow_grads(self.optim, v, dtype) for *_, v in self.slices}
+        if not any(takes.values()):
+            return False
+        wide = {c.chunk_id for c, *_, v in self.slices if not takes[id(v)]}
+        allow_narrow_grads([v for c, *_, v in self.slices if c.chunk_id not in wide])
+        for chunk in self.manager:
+            if chunk.chunk_id not in wide:
+                chunk.grad_dtype = dtype
+        return True
 
     def _repoint(self) -> list[Slice]:
         if any(self.optim.state.values()):
