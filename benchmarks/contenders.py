@@ -84,6 +84,8 @@ class Contender:
     """``kolossos``, ``baseline`` or ``floor`` (:class:`ComputeFloor`)"""
     strategy: str = "ddp"
     """model-state / communication estimator strategy: ``ddp``, ``zero1``, ``zero2``, ``zero3``"""
+    state_strategy: str = ""
+    """the model-state estimator's strategy where it differs from ``strategy``"""
     single: bool = False
     """trains on rank 0 alone (the one-process baseline)"""
     min_world: int = 1

@@ -163,7 +163,8 @@ def assemble_rows(
         accounts = [r["accounts"][contender.name] for r in per_rank]
         accounts = [a for a in accounts if a is not None]
         pbytes = contender.precision_bytes(ctx)
-        estimate = model_state_bytes(num_params, contender.strategy, ranks, pbytes).total
+        strategy = contender.state_strategy or contender.strategy
+        estimate = model_state_bytes(num_params, strategy, ranks, pbytes).total
         formula = comm_bytes_per_rank(num_params, contender.strategy, ranks, int(pbytes.grad))
         row.update(
             params=num_params,

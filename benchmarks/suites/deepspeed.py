@@ -109,6 +109,9 @@ class KolossosZero(KolossosBoosted):
         self.name = f"kolossos-zero{stage}"
         self.counterpart = f"deepspeed-zero{stage}"
         self.strategy = f"zero{stage}"
+        # ZeRO-1 keeps only gradient partitions when nothing accumulates under no_sync, as
+        # here (docs/zero.md): ZeRO-2's model states
+        self.state_strategy = "zero2"
         self.plugin_kwargs = {"stage": stage, "precision": "fp32"}
         self.description = f"Booster(plugin=LowLevelZeroPlugin(stage={stage}))"
 

@@ -41,8 +41,9 @@ def takes_narrow_grads(optim: Optimizer, master: torch.Tensor, working_dtype: to
     2.10 or later (a ``.grad`` of another dtype than its tensor's)."""
     return (
         _narrow_update(optim, working_dtype)
+        and isinstance(optim, AdamBase)  # (checked there too; narrows the type here)
         and master.dtype == torch.float32
-        and not optim.is_streamed(master)  # type: ignore[attr-defined]  # an AdamBase here
+        and not optim.is_streamed(master)
     )
 
 
