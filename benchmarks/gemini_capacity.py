@@ -267,20 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemini-layers", type=int, nargs="*", default=[])
     parser.add_argument("--gemini-nvme-layers", type=int, nargs="*", default=[])
     parser.add_argument("--auto", action="store_true", help="layer counts from the limit")
-    parser.add_argument(
-        "--gemini-fractions",
-        type=float,
-        nargs="+",
-        default=[0.8, 0.9],
-        help="--auto: Gemini's model sizes as fractions of its limit",
-    )
-    parser.add_argument(
-        "--nvme-fractions",
-        type=float,
-        nargs="+",
-        default=[1.0, 1.05],
-        help="--auto: gemini-nvme's sizes as fractions of Gemini's limit",
-    )
+    for flag, default, sizes in (
+        ("--gemini-fractions", [0.8, 0.9], "Gemini's model sizes as fractions of its limit"),
+        ("--nvme-fractions", [1.0, 1.05], "gemini-nvme's sizes, fractions of Gemini's limit"),
+    ):
+        parser.add_argument(flag, type=float, nargs="+", default=default, help=f"--auto: {sizes}")
     parser.add_argument("--nvme-dir", help="gemini-nvme: directory of the optimizer state files")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=32)
