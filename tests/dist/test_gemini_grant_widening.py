@@ -55,10 +55,11 @@ def granted_bytes(opt: GeminiOptimizer, gemini: GeminiDDP) -> tuple[int, int, in
 
 
 def train(
-    passes: list[int], budget: int | None, memstats: MemStats | None, margin: float
-) -> tuple[list[float], GeminiDDP, list[tuple[int, int, int]]]:
+    passes: list[int], budget: int | None, memstats: MemStats | None, margin: float, nvme: float
+) -> tuple[list[float], GeminiOptimizer, list[tuple[int, int, int]]]:
     """Train with ``passes[i]`` backward passes before step ``i``; return the losses, the model
-    and, for each forward, ``(step, pass, the reservation at its first moment)``."""
+    and, for each forward, ``(step, pass, the reservation at its first moment)``. ``nvme``:
+    HybridAdam's ``nvme_offload_fraction``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     gemini = GeminiDDP(
@@ -66,10 +67,14 @@ def train(
         placement_policy="auto", device_memory_budget=budget, memstats=memstats,
     )  # fmt: skip
     opt = GeminiOptimizer(
-        HybridAdam(gemini.parameters(), lr=1e-2), gemini, gpu_margin_mem_ratio=margin
+        HybridAdam(gemini.parameters(), lr=1e-2, nvme_offload_fraction=nvme),
+        gemini,
+        gpu_margin_mem_ratio=margin,
     )
     policy = gemini.policy
-    assert all(c.grad_dtype == torch.bfloat16 for c in gemini.chunk_manager.chunks)
+    streamed = {c.chunk_id for c, *_, view in opt.slices if opt.optim.is_streamed(view)}
+    for chunk in gemini.chunk_manager.chunks:  # bf16 shards but where states are streamed
+        assert chunk.grad_dtype == (torch.float32 if chunk.chunk_id in streamed else torch.bfloat16)
     first_moment: list[tuple[int, int, int]] = []
     where = [0, 0]  # the step and the pass running
     before_compute = policy.before_compute
@@ -99,14 +104,16 @@ def train(
         wide = narrow if n > 1 else 0
         assert policy.optim_reserved_bytes == held + narrow + wide  # exact: nothing to spare
         opt.zero_grad()
-    return losses, gemini, first_moment
+    return losses, opt, first_moment
 
 
 @distributed(2)
 def test_grants_reserve_narrow_gradients_and_widen_while_accumulating() -> None:
     @parameterize("passes", [[1, 2, 1, 2], [2, 1, 2]])
-    def case(passes: list[int]) -> None:
-        free_losses, free, _ = train(passes, None, None, 0.0)
+    @parameterize("nvme", [0.0, 0.5])
+    def case(passes: list[int], nvme: float) -> None:
+        free_losses, free_opt, _ = train(passes, None, None, 0.0, nvme)
+        free = free_opt.module
         stats = free.policy.memstats
         assert stats is not None
         # room for every chunk plus about half of the optimizer data (7 x the bf16 shard)
@@ -115,10 +122,14 @@ def test_grants_reserve_narrow_gradients_and_widen_while_accumulating() -> None:
         assert demand is not None
         room = 3 * sum(c.shard_mem for c in chunks)
         budget = int((demand + room) / 0.9) + 1
-        losses, gemini, first_moment = train(passes, budget, stats, 1.0)
-        policy = gemini.policy
-        granted = [c for c in gemini.chunk_manager.chunks if policy.optim_on_device(c)]
+        losses, opt, first_moment = train(passes, budget, stats, 1.0, nvme)
+        policy = opt.module.policy
+        granted = [c for c in opt.module.chunk_manager.chunks if policy.optim_on_device(c)]
         assert 0 < len(granted) < len(chunks)
+        # NVMe-streamed states stay with the host: the grants go to the other chunks
+        streamed = {c.chunk_id for c, *_, view in opt.slices if opt.optim.is_streamed(view)}
+        assert bool(streamed) == (nvme > 0)
+        assert not streamed & {c.chunk_id for c in granted}
         widening = sum(2 * c.shard_size for c in granted)  # bf16 -> fp32
         # after the first step's grant, each forward's first moment reserves the widening
         # exactly when it accumulates onto held gradients (its step's second pass)
