@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,9 +81,3 @@ class CheckpointMismatchError(CheckpointError):
             f"{report.describe()}. Fix the model/optimizer definition, or pass strict=False to "
             "load only the matching entries."
         )
-
-
-def format_names(names: Sequence[str], limit: int = 20) -> str:
-    """Join ``names`` for an error message, cutting the list after ``limit`` entries."""
-    shown = ", ".join(repr(n) for n in names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -306,13 +306,3 @@ def build_stage_chunk(model: nn.Module, layout: StageLayout, stage: StageRange) 
 def stage_of(chunk: nn.Module) -> StageRange | None:
     """The :class:`StageRange` of a chunk built by :func:`build_stage_chunk` (else ``None``)."""
     return getattr(chunk, "_kolossos_stage", None)
-
-
-def named_stage_parameters(chunks: Iterable[nn.Module]) -> Iterator[tuple[str, nn.Parameter]]:
-    """``(whole-model name, parameter)`` over several chunks, every parameter once."""
-    seen: set[int] = set()
-    for chunk in chunks:
-        for name, param in chunk.named_parameters():
-            if id(param) not in seen:
-                seen.add(id(param))
-                yield name, param

@@ -95,10 +95,6 @@ class GradStore:
         self._filled[group] = True
         return True
 
-    def has_grads(self) -> bool:
-        """Whether any gradient was reduced into the store since the last :meth:`clear`."""
-        return any(self._filled)
-
     def partition(self, group: int) -> torch.Tensor | None:
         """The reduced gradient partition of ``group`` (``S`` elements, padding included), or
         ``None`` if nothing was reduced into it since the last :meth:`clear`."""

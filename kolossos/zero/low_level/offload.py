@@ -77,10 +77,6 @@ class MasterWeights:
         """Where the masters (and the optimizer states) live."""
         return self.params[0].device if self.params else torch.device("cpu")
 
-    def working_partition(self, group: int) -> torch.Tensor:
-        """This rank's slice of the flat working buffer of ``group``."""
-        return self._working[group]
-
     @torch.no_grad()
     def write_back(self) -> None:
         """Copy the updated masters into this rank's slices of the working buffers."""
