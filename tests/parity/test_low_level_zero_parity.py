@@ -4,17 +4,14 @@ The reference keeps the plugin's precision recipe in one process: working weight
 plugin's dtype, fp32 master weights stepped by AdamW, fp16 loss scaling with the same scale. It
 trains on the whole global batch; each ZeRO rank on its shard. Sweeps run inside one process group
 per (world size, stage) with ``parameterize``. Buckets are tiny (100 elements), so parameters are
-split over buckets and partitions. The main sweeps run over both gloo transports: shared memory
-(the default for ranks on one host) and gloo's sockets (``KOLOSSOS_SHM=0``).
+split over buckets and partitions.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,7 +22,6 @@ import torch.nn.functional as F
 
 from kolossos.booster import Booster
 from kolossos.booster.plugin import LowLevelZeroPlugin
-from kolossos.cluster.host_shm import SHM_ENV
 from kolossos.interface import unwrap_model
 from kolossos.testing import distributed, parameterize
 from kolossos.testing.parity import (
@@ -66,28 +62,6 @@ def adamw(model: nn.Module) -> torch.optim.Optimizer:
     # eps=1e-3: Adam's update for a gradient below eps stays proportional to it, instead of a
     # whole lr-sized step whose sign rounding noise decides
     return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1, eps=1e-3)
-
-
-@contextlib.contextmanager
-def transport(kind: str) -> Iterator[None]:
-    """Build the optimizers inside over shared memory (``"shm"``) or gloo's sockets."""
-    before = os.environ.get(SHM_ENV)
-    os.environ[SHM_ENV] = "1" if kind == "shm" else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[SHM_ENV]
-        else:
-            os.environ[SHM_ENV] = before
-
-
-def assert_transport(opt: Any, shared: bool | None = None) -> None:
-    """The optimizer moves buckets the way :func:`transport` (or ``shared``) asked: this host
-    has a ``/dev/shm``, so the shared path must not silently fall back to sockets."""
-    if shared is None:
-        shared = os.environ.get(SHM_ENV, "1") != "0"
-    assert (opt.comm.shared is not None) == shared, f"{SHM_ENV}={os.environ.get(SHM_ENV)}"
 
 
 class Reference:
@@ -147,7 +121,6 @@ def train_both(
     model = TinyMLP()
     ref = Reference(copy.deepcopy(model), precision)
     booster, boosted, opt = boost(model, precision=precision, **plugin_kwargs)
-    assert_transport(opt)
     losses, ref_losses, norms = [], [], []
     # one batch repeated: every step pushes a parameter the same way, so Adam moves it by ~LR
     for x, y in make_classification_batches(1, GLOBAL_BATCH) * STEPS:
@@ -169,16 +142,13 @@ def train_both(
 @pytest.mark.parametrize("world_size", [2, 4])
 @distributed()
 def test_matches_single_process(world_size: int, stage: int) -> None:
-    @parameterize("kind", ["shm", "sockets"])
     @parameterize("precision", ["fp32", "bf16", "fp16"])
     @parameterize("overlap", [True, False])
     @parameterize("offload", [False, True])
-    def case(kind: str, precision: str, overlap: bool, offload: bool) -> None:
-        with transport(kind):
-            losses, ref_losses, trained, ref, _ = train_both(
-                world_size, precision, stage=stage, overlap_communication=overlap,
-                cpu_offload=offload,
-            )  # fmt: skip
+    def case(precision: str, overlap: bool, offload: bool) -> None:
+        losses, ref_losses, trained, ref, _ = train_both(
+            world_size, precision, stage=stage, overlap_communication=overlap, cpu_offload=offload
+        )
         loss_tol, param_tol = TOL[precision]
         torch.testing.assert_close(losses, ref_losses, rtol=loss_tol, atol=loss_tol)
         assert_params_close(trained, ref.model, rtol=param_tol, atol=param_tol)
@@ -246,17 +216,14 @@ def test_accumulation_equals_large_batch(world_size: int) -> None:
     flat pass adds into partitions a partitioned pass made; the step reduces the last ``N``)."""
     rank, accum = dist.get_rank(), 4
 
-    @parameterize("kind", ["shm", "sockets"])
     @parameterize("stage", [1, 2])
     @parameterize("pattern", ["NNNS", "SSSS", "SNSN"])
     @parameterize("precision", ["fp32", "bf16"])
-    def case(kind: str, stage: int, pattern: str, precision: str) -> None:
+    def case(stage: int, pattern: str, precision: str) -> None:
         torch.manual_seed(0)
         model = TinyMLP()
         ref = Reference(copy.deepcopy(model), precision)
-        with transport(kind):
-            booster, boosted, opt = boost(model, precision=precision, stage=stage)
-        assert_transport(opt, kind == "shm")
+        booster, boosted, opt = boost(model, precision=precision, stage=stage)
         micro = make_classification_batches(accum, 8, seed=3) * STEPS  # STEPS windows
         for i, (x, y) in enumerate(micro):
             xs, ys = shard(x, rank, world_size), shard(y, rank, world_size)

@@ -11,12 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from kolossos.utils.profiling.comm_counter import (
-    CollectiveStats,
-    CommCounter,
-    WireMeter,
-    count_transfer,
-)
+from kolossos.utils.profiling.comm_counter import CollectiveStats, CommCounter, WireMeter
 from kolossos.utils.profiling.comm_estimate import CommEstimate, comm_estimate
 from kolossos.utils.profiling.estimators import (
     ModelStateBytes,
@@ -59,7 +54,6 @@ __all__ = [
     "comm_estimate",
     "comm_volume_elements",
     "count_parameters",
-    "count_transfer",
     "estimate_memory",
     "gather_from_ranks",
     "load_model_shape",

@@ -25,21 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kolossos.utils.profiling._collective_ops import NAMESPACES, Record, records_of
 from kolossos.utils.profiling.estimators import collective_sent_bytes
 
-__all__ = ["CollectiveStats", "CommCounter", "WireMeter", "count_transfer"]
-
-_ACTIVE: list[CommCounter] = []  # counters inside their ``with`` block
-
-
-def count_transfer(kind: str, nbytes: int, group: Any) -> None:
-    """Count a transfer that bypasses ``torch.distributed`` (a shared-memory copy between ranks
-    on one host) in every active :class:`CommCounter`, as one ``kind`` call (``"send"``,
-    ``"recv"``, ``"all_gather"``...) of ``nbytes`` on ``group`` (a ``ProcessGroup``).
-
-    Example:
-        >>> count_transfer("send", 4096, dist.group.WORLD)  # doctest: +SKIP
-    """
-    for counter in list(_ACTIVE):
-        counter._add(Record(kind, nbytes, group))
+__all__ = ["CollectiveStats", "CommCounter", "WireMeter"]
 
 
 @dataclass
@@ -118,9 +104,8 @@ class CommCounter:
     reduce-scatter costs a full all-reduce), or ``"auto"``, which picks by each group's backend.
 
     Counted: every ``c10d`` and ``_c10d_functional`` operator run by this thread or by autograd's
-    backward (DDP's reducer included), DTensor's redistributions (DTensor is let run first, so
-    its collectives come back through the counter), and transfers through shared memory that
-    report themselves (:func:`count_transfer`). Not seen: collectives that another tensor
+    backward (DDP's reducer included), and DTensor's redistributions (DTensor is let run first, so
+    its collectives come back through the counter). Not seen: collectives that another tensor
     subclass issues inside its own ``__torch_dispatch__``, and threads that do not inherit the mode.
 
     Args:
@@ -173,7 +158,6 @@ class CommCounter:
         self._labels.clear()  # group objects may have been destroyed since the last use
         self._mode = _CountingMode(self)
         self._mode.__enter__()
-        _ACTIVE.append(self)
         return self
 
     def __exit__(
@@ -184,7 +168,6 @@ class CommCounter:
     ) -> None:
         assert self._mode is not None
         mode, self._mode = self._mode, None
-        _ACTIVE.remove(self)
         mode.__exit__(exc_type, exc, traceback)
 
     # ------------------------------------------------------------------ results

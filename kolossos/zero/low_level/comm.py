@@ -5,29 +5,24 @@
   ``reduce_scatter_tensor`` move data several times slower than a point-to-point transfer (about
   170 ms and 350 ms against 30-60 ms for 48 MB between two CPU ranks, measured on the 2-core
   development machine), so with two ranks the other rank sends its bucket and the owner adds it
-  into its own; with more ranks gloo's ``reduce`` is used. When every rank of the group runs on
-  one host, :meth:`Communicator.share_memory` moves the buckets through shared memory instead
-  (:mod:`~kolossos.zero.low_level.shm_transport`): no socket at all, for any number of ranks.
+  into its own; with more ranks gloo's ``reduce`` is used.
 * **Gather partitions** (updated parameters): every rank's partition of the flat working buffer
   goes to every rank, in place. NCCL: ``all_gather_into_tensor`` with the input aliasing its slot
   of the output. gloo: one ``broadcast`` per owner (``all_gather_into_tensor`` is 5-10 times
-  slower there); with shared memory, pieces through the shared slots (blocking).
+  slower there).
 
 Both return handles so that communication overlaps with computation until ``wait()``.
 """
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from kolossos.cluster.host_shm import open_host_segments
 from kolossos.zero.low_level.partition import FlatLayout
-from kolossos.zero.low_level.shm_transport import SharedTransport
 
 __all__ = ["Communicator", "Handle"]
 
@@ -91,30 +86,6 @@ class Communicator:
             dist.get_global_rank(group, r) if group is not None else r
             for r in range(self.world_size)
         ]
-        #: buckets through shared memory (:meth:`share_memory`), else ``None``
-        self.shared: SharedTransport | None = None
-
-    def share_memory(self, slots: int, slot_bytes: int) -> None:
-        """COLLECTIVE: reduce buckets through shared memory from now on, if every rank of the
-        group is on this host (:func:`~kolossos.cluster.host_shm.open_host_segments`); a no-op
-        otherwise, on every rank alike.
-
-        Args:
-            slots: buckets a rank may have in flight as a sender.
-            slot_bytes: the largest bucket, in bytes.
-        """
-        if not self.gloo or self.world_size < 2 or self.shared is not None:
-            return
-        page = mmap.PAGESIZE
-        slot_bytes = -(-max(1, slot_bytes) // page) * page
-        segments = open_host_segments(self.group, slots * slot_bytes)
-        if segments is not None:
-            self.shared = SharedTransport(segments, self.group, self._global, slots, slot_bytes)
-
-    def release_buffers(self) -> None:
-        """Wait for the buckets in flight and free the shared slots' memory (end of a pass)."""
-        if self.shared is not None:
-            self.shared.release()
 
     def global_rank(self, rank: int) -> int:
         """The world rank of ``rank`` of the group."""
@@ -122,51 +93,25 @@ class Communicator:
 
     @property
     def pairwise(self) -> bool:
-        """Two gloo ranks without shared memory: reductions are point-to-point transfers (see
-        the module doc)."""
-        return self.gloo and self.world_size == 2 and self.shared is None
-
-    @property
-    def copies_send(self) -> bool:
-        """Whether :meth:`reduce_to_owner` has copied a non-owner's ``tensor`` when it returns
-        (shared memory): the caller may reuse it at once."""
-        return self.shared is not None
-
-    def can_send(self, tensor: torch.Tensor) -> bool:
-        """Whether a non-owner's :meth:`reduce_to_owner` of ``tensor`` may start now;
-        ``False`` only with shared memory when ``tensor`` is not a shared slot and every slot
-        is taken: complete the oldest bucket in flight first."""
-        shared = self.shared
-        return shared is None or shared.has_free_slot or shared.slot_of(tensor) is not None
+        """Two gloo ranks: reductions are point-to-point transfers (see the module doc)."""
+        return self.gloo and self.world_size == 2
 
     def reduce_to_owner(
-        self,
-        tensor: torch.Tensor,
-        owner: int,
-        tag: int,
-        scratch: torch.Tensor | None = None,
-        dtype: torch.dtype | None = None,
+        self, tensor: torch.Tensor, owner: int, tag: int, scratch: torch.Tensor | None
     ) -> Handle:
         """Sum ``tensor`` over the ranks into the owner's ``tensor`` (asynchronously).
 
         Non-owners' ``tensor`` holds undefined values afterwards. In :attr:`pairwise` mode the
-        owner passes ``scratch`` (same size and dtype) to receive the other rank's part. With
-        shared memory the owner's ``tensor`` may have any dtype: the other parts arrive in
-        ``dtype`` (default: ``tensor``'s) and are added into it.
+        owner passes ``scratch`` (same size and dtype) to receive the other rank's part.
 
         Args:
             tensor: this rank's contribution; the result on the owner.
             owner: rank of the group receiving the sum.
             tag: distinguishes concurrent point-to-point transfers (e.g. the bucket index).
             scratch: receive buffer of the owner in pairwise mode, else ``None``.
-            dtype: the dtype every rank sends in (shared memory only).
         """
         if self.world_size == 1:
             return _Done()
-        if self.shared is not None:
-            if self.rank == owner:
-                return self.shared.receive(tensor, tag, dtype or tensor.dtype)
-            return self.shared.send(tensor, owner, tag)
         if not self.pairwise:
             dst = self.global_rank(owner)
             return _Works([dist.reduce(tensor, dst, group=self.group, async_op=True)])
@@ -194,9 +139,6 @@ class Communicator:
         ``flat`` has ``world_size * S`` elements; rank ``r`` contributes ``flat[r*S:(r+1)*S]``.
         """
         if self.world_size == 1 or flat.numel() == 0:
-            return _Done()
-        if self.shared is not None:
-            self.shared.gather(flat)
             return _Done()
         size = flat.numel() // self.world_size
         if not self.gloo:

@@ -62,22 +62,17 @@ class GradStore:
         self._buffers: list[torch.Tensor | None] = [None] * len(self.layouts)
         self._filled = [False] * len(self.layouts)
 
-    def target(self, group: int, start: int, numel: int) -> torch.Tensor:
-        """The stored partition's ``numel`` elements from flat element ``start`` (owned by this
-        rank), to add reduced values into; the partition counts as filled from now on."""
+    def accumulate(self, group: int, start: int, values: torch.Tensor) -> None:
+        """Add reduced values of the flat range starting at ``start`` (owned by this rank)."""
         self._filled[group] = True
         part_start, _ = self.layouts[group].partition_range(self.rank)
         buffer = self._buffers[group]
         if buffer is None:
-            numel_all = self.layouts[group].partition_numel
-            buffer = torch.zeros(numel_all, dtype=self.dtype, device=self.device)
+            numel = self.layouts[group].partition_numel
+            buffer = torch.zeros(numel, dtype=self.dtype, device=self.device)
             self._buffers[group] = buffer
         lo = start - part_start
-        return buffer[lo : lo + numel]
-
-    def accumulate(self, group: int, start: int, values: torch.Tensor) -> None:
-        """Add reduced values of the flat range starting at ``start`` (owned by this rank)."""
-        target = self.target(group, start, values.numel())
+        target = buffer[lo : lo + values.numel()]
         if values.device != target.device:
             values = values.to(target.device, non_blocking=False)
         target.add_(values)

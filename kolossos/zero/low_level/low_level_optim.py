@@ -40,7 +40,7 @@ from kolossos.zero.low_level.optim_state import PartitionedStateMixin
 from kolossos.zero.low_level.options import ZeroOptions, check_norm_type
 from kolossos.zero.low_level.overlap import ParamGatherer
 from kolossos.zero.low_level.partition import FlatLayout, ParamSpan
-from kolossos.zero.low_level.reducer import MAX_IN_FLIGHT, GradientReducer
+from kolossos.zero.low_level.reducer import GradientReducer
 from kolossos.zero.narrow_grads import DeferredClip
 
 __all__ = ["LowLevelZeroOptimizer"]
@@ -235,9 +235,6 @@ class LowLevelZeroOptimizer(PartitionedStateMixin, OptimizerWrapper):
         mode = StoreMode.OFFLOAD if options.cpu_offload else StoreMode.SHARD
         self.store = GradStore(self.layouts, self.comm.rank, mode, self.working_dtype, device)
         buckets = plan_buckets(self.layouts, options.reduce_bucket_size)
-        if device.type == "cpu" and buckets:  # gloo on one host: buckets through shared memory
-            largest = max(b.numel for b in buckets) * comm_dtype.itemsize
-            self.comm.share_memory(MAX_IN_FLIGHT, largest)  # COLLECTIVE
         self.reducer = GradientReducer(
             self.groups,
             self.layouts,

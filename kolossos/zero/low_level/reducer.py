@@ -222,10 +222,9 @@ class GradientReducer:
         self.local_unreduced = False
 
     def _owner_direct(self, bucket: BucketSpec) -> bool:
-        """Partitioned pass, pairwise or through shared memory: the owner keeps its own part
-        in the store and adds the others' into it."""
-        direct = self.comm.pairwise or self.comm.shared is not None
-        return self._lean and direct and bucket.owner == self.comm.rank
+        """Partitioned pass, pairwise: the owner keeps its own part in the store, receives
+        the other."""
+        return self._lean and self.comm.pairwise and bucket.owner == self.comm.rank
 
     def _stage(self, b: int, g: int, i: int, lo: int, hi: int, grad: torch.Tensor) -> None:
         bucket = self.buckets[b]
@@ -236,19 +235,8 @@ class GradientReducer:
             return
         buffer = self._staged.get(b)
         if buffer is None:
-            buffer = self._staged[b] = self._stage_buffer(b, bucket.numel)
+            buffer = self._staged[b] = self._acquire(bucket.numel)
         buffer[lo - bucket.start : hi - bucket.start].copy_(source)
-
-    def _stage_buffer(self, b: int, numel: int) -> torch.Tensor:
-        """Where bucket ``b`` is staged: a free shared slot if ``b`` is the next bucket to
-        launch (sent from there without a copy; later buckets would keep slots from the
-        buckets before them), else a pooled buffer."""
-        shared = self.comm.shared
-        if shared is not None and b == self._next:
-            slot = shared.buffer(numel, self.comm_dtype)
-            if slot is not None:
-                return slot
-        return self._acquire(numel)
 
     # ------------------------------------------------------------------ per backward
     def begin(self, sync: bool) -> None:
@@ -286,10 +274,6 @@ class GradientReducer:
     def abort(self) -> None:
         """Leave the backward state after an exception inside autograd."""
         self._active = False
-        if self.comm.shared is not None:  # staged slots go back (pooled buffers need not)
-            for buffer in self._staged.values():
-                self.comm.shared.give_back(buffer)
-            self._staged.clear()
 
     def reduce_remaining(self) -> None:
         """Launch every bucket not launched yet (in order), then wait for all of them."""
@@ -305,7 +289,6 @@ class GradientReducer:
                     param.grad = view
         self._drain()
         self.pool.clear()  # no bucket memory between backward passes (the activation peak)
-        self.comm.release_buffers()
         self.local_unreduced = False
 
     def reduce_all(self) -> None:
@@ -332,11 +315,6 @@ class GradientReducer:
     def _launch(self, b: int) -> None:
         bucket = self.buckets[b]
         owner = bucket.owner == self.comm.rank
-        if self._owner_direct(bucket) and self.comm.shared is not None:
-            target = self.store.target(bucket.group, bucket.start, bucket.numel)
-            handle = self.comm.reduce_to_owner(target, bucket.owner, b, dtype=self.comm_dtype)
-            self._inflight.append(_Flight(bucket, handle, None, []))
-            return
         if self._owner_direct(bucket):  # own part already in the store: receive the other
             received = self._acquire(bucket.numel)
             handle = self.comm.receive_from_peer(received, b)
@@ -361,15 +339,7 @@ class GradientReducer:
         scratch = self._acquire(bucket.numel) if owner and self.comm.pairwise else None
         if scratch is not None:
             pooled.append(scratch)
-        while not owner and not self.comm.can_send(send):  # shared slots: oldest bucket first
-            self._complete(self._inflight.popleft())
         handle = self.comm.reduce_to_owner(send, bucket.owner, b, scratch)
-        if not owner and self.comm.copies_send:  # sent from shared memory: reuse the buffers
-            shared = self.comm.shared
-            for buffer in pooled:
-                if shared is None or shared.slot_of(buffer) is None:
-                    self.pool.release(buffer)
-            pooled = []
         self._inflight.append(_Flight(bucket, handle, send if owner else None, pooled))
 
     def _zero_unwritten(self, bucket: BucketSpec) -> None:
