@@ -1,8 +1,11 @@
 """ZeRO-1's flat gradient buffer lives from a step's first gradient to ``zero_grad`` only
 (``kolossos/zero/low_level/grad_buffers.py``): it is not alive during the next forward, ranges
-no gradient reaches are zeroed rather than left stale, and ``no_sync`` keeps accumulating."""
+no gradient reaches are zeroed rather than left stale, and ``no_sync`` keeps accumulating. Outside
+accumulation no full buffer exists, and a bucket inside one gradient is sent from it."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -12,6 +15,7 @@ from kolossos.booster import Booster
 from kolossos.booster.plugin import LowLevelZeroPlugin
 from kolossos.testing import distributed
 from kolossos.zero.low_level import LowLevelZeroOptimizer
+from kolossos.zero.low_level.bucket import BufferPool
 
 
 class Branchy(nn.Module):
@@ -52,3 +56,30 @@ def test_buffer_freed_between_steps_and_stale_ranges_zeroed() -> None:
     for a, b in zip(model.branch.parameters(), moved, strict=True):
         torch.testing.assert_close(a.detach(), b, rtol=0, atol=0)
     assert alive_in_forward == [False, False]
+
+
+@distributed(3)
+def test_a_bucket_inside_one_gradient_is_sent_without_a_copy(monkeypatch: Any) -> None:
+    """Every bucket of a lone weight lies inside its gradient: no bucket buffer is taken while
+    the gradient already has the communication dtype, one per bucket when it must be cast."""
+    taken: list[int] = []
+    original = BufferPool.acquire
+
+    def counting(pool: BufferPool, numel: int) -> torch.Tensor:
+        taken.append(numel)
+        return original(pool, numel)
+
+    monkeypatch.setattr(BufferPool, "acquire", counting)
+    for stage, comm_dtype, copies in ((1, None, False), (2, None, False), (2, torch.float32, True)):
+        torch.manual_seed(0)
+        model = nn.Linear(48, 64, bias=False)  # 3072 elements: 1024 a rank, 4 buckets of <= 300
+        plugin = LowLevelZeroPlugin(stage=stage, precision="bf16", communication_dtype=comm_dtype,
+                                    reduce_bucket_size_in_m=300 / 2**20)  # fmt: skip
+        boosted, opt, *_ = Booster(plugin=plugin).boost(model, torch.optim.SGD(model.parameters()))
+        taken.clear()
+        loss = boosted(torch.randn(4, 48, dtype=torch.bfloat16)).float().square().mean()
+        opt.backward(loss)
+        buckets = len(opt.reducer.buckets)
+        assert buckets == 3 * 4
+        assert len(taken) == (buckets if copies else 0), (stage, comm_dtype, taken)
+        opt.step()

@@ -7,9 +7,12 @@ A parameter's hook runs once its gradient for the backward pass (``begin`` ... a
 * **Partitioned** (ZeRO-2 always; ZeRO-1 while its flat gradient buffer holds nothing, i.e.
   every synchronised pass as long as no ``no_sync`` pass ran since ``zero_grad``): the hook
   copies the gradient into the buckets it overlaps (cast to the communication dtype) and frees
-  ``.grad`` at once. Owners add the reduced buckets into their gradient partition
-  (:class:`GradStore`). No full gradient exists beyond autograd's own tensors, so ZeRO-1
-  outside gradient accumulation costs what ZeRO-2 costs, in memory and in copies. With two
+  ``.grad`` at once; a bucket lying inside one gradient of the communication dtype is sent from
+  that gradient itself, without the copy (the gradient then lives until its buckets are
+  reduced; GPT-2's token embedding is most of a small model's gradient). Owners add the
+  reduced buckets into their gradient partition (:class:`GradStore`). No full gradient exists
+  beyond autograd's own tensors, so ZeRO-1 outside gradient accumulation costs what ZeRO-2
+  costs, in memory and in copies. With two
   gloo ranks (point-to-point reduction, :mod:`~kolossos.zero.low_level.comm`) the owner of a
   bucket adds its own gradients straight into its partition and only receives the other
   rank's part, so each rank holds one buffer per bucket in flight.
@@ -78,6 +81,8 @@ class _Flight:
     """on the owner, what to store once ``handle`` is done (``None`` on other ranks)"""
     pooled: list[torch.Tensor]
     """pool buffers to give back once ``handle`` is done"""
+    borrowed: torch.Tensor | None = None
+    """a gradient sent in place, kept alive until ``handle`` is done"""
 
 
 class GradientReducer:
@@ -126,6 +131,7 @@ class GradientReducer:
         self._pending = [len(b.pieces) for b in self.buckets]
         self._fired = [[False] * len(g) for g in self.params]
         self._staged: dict[int, torch.Tensor] = {}
+        self._borrowed: set[int] = set()  # staged buckets that are views of a gradient
         self._inflight: deque[_Flight] = deque()
         self._next = 0
         self._active = False
@@ -233,6 +239,10 @@ class GradientReducer:
         if self._owner_direct(bucket):
             self.store.accumulate(g, lo, source)
             return
+        if len(bucket.pieces) == 1 and source.dtype == self.comm_dtype:
+            self._staged[b] = source  # the gradient is discarded after this hook: send it
+            self._borrowed.add(b)
+            return
         buffer = self._staged.get(b)
         if buffer is None:
             buffer = self._staged[b] = self._acquire(bucket.numel)
@@ -321,6 +331,7 @@ class GradientReducer:
             self._inflight.append(_Flight(bucket, handle, received, [received]))
             return
         pooled: list[torch.Tensor] = []
+        borrowed: torch.Tensor | None = None
         if self._lean:
             send = self._staged.pop(b, None)
             if send is None:
@@ -329,7 +340,11 @@ class GradientReducer:
                 for piece in bucket.pieces:
                     if not self._fired[bucket.group][piece.param]:
                         send[piece.lo - bucket.start : piece.hi - bucket.start].zero_()
-            pooled.append(send)
+            if b in self._borrowed:
+                self._borrowed.discard(b)
+                borrowed = send
+            else:
+                pooled.append(send)
         else:
             send = self._region(bucket)
             self._zero_unwritten(bucket)
@@ -340,7 +355,7 @@ class GradientReducer:
         if scratch is not None:
             pooled.append(scratch)
         handle = self.comm.reduce_to_owner(send, bucket.owner, b, scratch)
-        self._inflight.append(_Flight(bucket, handle, send if owner else None, pooled))
+        self._inflight.append(_Flight(bucket, handle, send if owner else None, pooled, borrowed))
 
     def _zero_unwritten(self, bucket: BucketSpec) -> None:
         """ZeRO-1: zero the bucket's ranges that no gradient reached since ``zero_grad``."""
